@@ -1,0 +1,15 @@
+"""The reference implementation: a fixed-capacity, layer-bound KV cache (SPEC §3).
+
+Imports neither ``oracle`` nor ``properties``; the suite reaches it only
+through ``impl.conformance:make_adapter``.
+"""
+
+from . import errors
+from .attention import AttentionLayer
+from .cache import LayerKvCache
+from .parameters import AdamW, Parameter
+from .rope import RopeConfig
+
+__version__ = "0.1.0"
+
+__all__ = ["AdamW", "AttentionLayer", "LayerKvCache", "Parameter", "RopeConfig", "errors"]

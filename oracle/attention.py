@@ -1,0 +1,135 @@
+"""Full-prefix causal attention with RoPE, written to be obviously correct.
+
+Nothing is cached and nothing is vectorised: every position is recomputed
+from the whole prefix with explicit loops over Python scalars, so the same
+code runs in float64 and in mpmath (see ``numbers.py``). It returns every
+position's output together with the rotated keys and unrotated values, so a
+cache's contents can be checked as well as its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .config import AttentionWeights, OracleInputError, RopeConfig
+from .numbers import FLOAT64, NumberSystem
+
+Vector = list[Any]  # a list of scalars of one number system
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionTrace:
+    """What full-prefix attention computed, rounded to float64.
+
+    ``outputs [B, T, D]``; ``keys`` (rotated) and ``values`` (unrotated)
+    ``[B, KV, T, dh]`` -- exactly what a cache holding ``T`` rows must store.
+    """
+
+    outputs: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+
+
+def rope_rotate(vector: Vector, position: int, rope: RopeConfig, numbers: NumberSystem) -> Vector:
+    """Rotate one head vector as it sits at absolute ``position``."""
+    if not 0 <= position < rope.max_positions:
+        raise OracleInputError(f"position {position} outside RoPE range [0, {rope.max_positions})")
+    r = rope.rotary_width
+    if r > len(vector):
+        raise OracleInputError(f"rotary width {r} exceeds head width {len(vector)}")
+    rotated = list(vector)
+    for i in range(r // 2):
+        inverse_frequency = numbers.number(rope.base) ** (numbers.number(-2 * i) / r)
+        theta = position * inverse_frequency
+        cos, sin = numbers.cos(theta), numbers.sin(theta)
+        a_index, b_index = rope.pair(i)
+        a, b = vector[a_index], vector[b_index]
+        rotated[a_index] = a * cos - b * sin
+        rotated[b_index] = a * sin + b * cos
+    return rotated
+
+
+def project(row: Vector, matrix: list[Vector]) -> Vector:
+    """Row vector times matrix: ``y[c] = sum_d row[d] * matrix[d][c]``."""
+    return [sum((row[d] * matrix[d][c] for d in range(len(row))), start=row[0] * 0)
+            for c in range(len(matrix[0]))]
+
+
+def softmax(scores: Vector, numbers: NumberSystem) -> Vector:
+    """Numerically stable softmax: subtract the row maximum first."""
+    peak = max(scores)
+    exps = [numbers.exp(score - peak) for score in scores]
+    total = sum(exps[1:], start=exps[0])
+    return [e / total for e in exps]
+
+
+def full_prefix_attention(
+    x: np.ndarray,
+    weights: AttentionWeights,
+    rope: RopeConfig,
+    *,
+    window: int | None = None,
+    numbers: NumberSystem = FLOAT64,
+) -> AttentionTrace:
+    """Causal multi-head (GQA/MQA) attention over every position of ``x [B, T, D]``.
+
+    Position ``i`` attends to keys ``0..i`` (with a sliding ``window`` W, to
+    ``i-W+1..i``). Scores are ``q . k / sqrt(dh)`` with ``q`` and ``k`` rotated
+    at their own absolute positions.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype != np.float64 or x.ndim != 3:
+        raise OracleInputError("x must be a float64 array of shape [B, T, D]")
+    if x.shape[2] != weights.model_width:
+        raise OracleInputError(f"x width {x.shape[2]} != model width {weights.model_width}")
+    if window is not None and window < 1:
+        raise OracleInputError(f"window must be >= 1, got {window}")
+    batch, tokens, _ = x.shape
+    heads, kv_heads, dh = weights.heads, weights.kv_heads, weights.head_width
+    wq, wk, wv, wo = (_matrix(w, numbers) for w in (weights.wq, weights.wk, weights.wv, weights.wo))
+    scale = numbers.sqrt(numbers.number(float(dh)))
+
+    outputs = np.empty(x.shape)
+    keys = np.empty((batch, kv_heads, tokens, dh))
+    values = np.empty((batch, kv_heads, tokens, dh))
+    for b in range(batch):
+        rows = [[numbers.number(float(v)) for v in x[b, t]] for t in range(tokens)]
+        q_rows = [project(row, wq) for row in rows]  # [T][H*dh]
+        k_rows = [project(row, wk) for row in rows]  # [T][KV*dh]
+        v_rows = [project(row, wv) for row in rows]  # [T][KV*dh]
+        # rotated keys and plain values per kv head: [KV][T][dh]
+        k_heads = [[rope_rotate(_head(k_rows[t], g, dh), t, rope, numbers) for t in range(tokens)]
+                   for g in range(kv_heads)]
+        v_heads = [[_head(v_rows[t], g, dh) for t in range(tokens)] for g in range(kv_heads)]
+        for g in range(kv_heads):
+            for t in range(tokens):
+                keys[b, g, t] = [numbers.to_float(v) for v in k_heads[g][t]]
+                values[b, g, t] = [numbers.to_float(v) for v in v_heads[g][t]]
+        for i in range(tokens):
+            first = 0 if window is None else max(0, i - window + 1)
+            merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
+            for h in range(heads):
+                g = h // weights.group_size  # the kv head this query head reads
+                q = rope_rotate(_head(q_rows[i], h, dh), i, rope, numbers)
+                scores = [_dot(q, k_heads[g][j]) / scale for j in range(first, i + 1)]
+                attention = softmax(scores, numbers)
+                for f in range(dh):
+                    merged.append(sum((a * v_heads[g][j][f]
+                                       for a, j in zip(attention, range(first, i + 1))),
+                                      start=attention[0] * 0))
+            outputs[b, i] = [numbers.to_float(v) for v in project(merged, wo)]
+    return AttentionTrace(outputs=outputs, keys=keys, values=values)
+
+
+def _matrix(array: np.ndarray, numbers: NumberSystem) -> list[Vector]:
+    return [[numbers.number(float(v)) for v in row] for row in array]
+
+
+def _head(row: Sequence[Any], head: int, dh: int) -> Vector:
+    return list(row[head * dh:(head + 1) * dh])
+
+
+def _dot(a: Vector, b: Vector) -> Any:
+    return sum((a[f] * b[f] for f in range(len(a))), start=a[0] * 0)

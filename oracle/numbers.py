@@ -1,0 +1,63 @@
+"""The two number systems the oracle runs in, behind one small interface.
+
+The oracle's arithmetic is written once, with ``+ - * /`` on scalars and the
+handful of functions below. ``FLOAT64`` makes those scalars Python floats
+(IEEE binary64); ``mpmath_precision(digits)`` makes them ``mpf`` values of a
+*local* mpmath context, so high precision never touches the global ``mp.dps``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mpmath
+
+
+@dataclass(frozen=True)
+class NumberSystem:
+    """Scalar constructor and elementary functions for one precision."""
+
+    name: str
+    number: Callable[[float], Any]  # exact conversion of a float64 input
+    exp: Callable[[Any], Any]
+    cos: Callable[[Any], Any]
+    sin: Callable[[Any], Any]
+    sqrt: Callable[[Any], Any]
+    to_float: Callable[[Any], float]  # round back to float64 for comparison
+    is_finite: Callable[[Any], bool]
+
+
+FLOAT64 = NumberSystem(
+    name="float64",
+    number=float,
+    exp=math.exp,
+    cos=math.cos,
+    sin=math.sin,
+    sqrt=math.sqrt,
+    to_float=float,
+    is_finite=math.isfinite,
+)
+
+
+def mpmath_precision(digits: int = 40) -> NumberSystem:
+    """A number system of ``digits`` significant decimal digits.
+
+    Each call owns a fresh ``mpmath.MPContext``; float64 inputs convert to it
+    exactly, so the only rounding is the context's own.
+    """
+    if not isinstance(digits, int) or isinstance(digits, bool) or digits < 16:
+        raise ValueError(f"mpmath precision needs an int of at least 16 digits, got {digits!r}")
+    ctx = mpmath.MPContext()
+    ctx.dps = digits
+    return NumberSystem(
+        name=f"mpmath{digits}",
+        number=ctx.mpf,
+        exp=ctx.exp,
+        cos=ctx.cos,
+        sin=ctx.sin,
+        sqrt=ctx.sqrt,
+        to_float=float,
+        is_finite=lambda value: bool(ctx.isfinite(value)),
+    )
