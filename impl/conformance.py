@@ -1,0 +1,105 @@
+"""The reference implementation's adapter for the conformance suite.
+
+It satisfies ``properties.protocol.KvCacheAdapter`` structurally (``impl``
+never imports the suite): layers and caches are ``impl`` objects, error kinds
+are the protocol's strings. Select it with
+``KVCACHE_IMPL=impl.conformance:make_adapter`` (the default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import numpy as np
+
+from . import __version__, errors
+from .attention import AttentionLayer
+from .cache import LayerKvCache
+from .rope import RopeConfig
+
+ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
+    errors.InputDtypeError: "dtype",
+    errors.InputRankError: "rank",
+    errors.TokenCountError: "token_count",
+    errors.InputBatchMismatch: "batch_mismatch",
+    errors.InputWidthMismatch: "width_mismatch",
+    errors.CacheGeometryMismatch: "geometry_mismatch",
+    errors.CacheLayerMismatch: "layer_mismatch",
+    errors.CacheLayerRevisionMismatch: "revision_mismatch",
+    errors.CacheRopeMismatch: "rope_mismatch",
+    errors.CacheFull: "full",
+    errors.NonFiniteError: "non_finite",
+    errors.ZeroBatchSize: "zero_batch",
+    errors.ZeroCapacity: "zero_capacity",
+    errors.CapacityExceedsPositions: "capacity_exceeds_positions",
+    errors.ElementCountOverflow: "element_count_overflow",
+    errors.AllocationFailed: "allocation_failed",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """The fields of the suite's ``CacheSnapshot``, without importing the suite."""
+
+    length: int
+    keys: np.ndarray
+    values: np.ndarray
+    physical_keys: np.ndarray
+    physical_values: np.ndarray
+    buffer_identity: Hashable
+
+
+class ReferenceAdapter:
+    name = "impl-reference"
+    version = __version__
+    capabilities = frozenset({
+        "float64", "input_validation", "non_finite_rejection", "binding_checks", "fixed_capacity",
+        "creation_errors", "gqa", "rope_interleaved", "rope_half_split", "partial_rotary",
+        "physical_storage",
+    })
+
+    def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
+        return AttentionLayer.from_arrays(weights.wq, weights.wk, weights.wv, weights.wo,
+                                          heads=weights.heads, kv_heads=weights.kv_heads, rope=_rope(rope))
+
+    def recreate_layer(self, layer: AttentionLayer) -> AttentionLayer:
+        return AttentionLayer.from_arrays(*(p.value for p in layer.parameters),
+                                          heads=layer.heads, kv_heads=layer.kv_heads, rope=layer.rope)
+
+    def with_rope(self, layer: AttentionLayer, rope: Any) -> AttentionLayer:
+        return layer.with_rope(_rope(rope))
+
+    def update_weights(self, layer: AttentionLayer, weights: Any) -> None:
+        for parameter, values in zip(layer.parameters, (weights.wq, weights.wk, weights.wv, weights.wo)):
+            parameter.assign(values)
+
+    def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity)
+
+    def step(self, layer: AttentionLayer, cache: LayerKvCache, x: np.ndarray) -> np.ndarray:
+        return layer.forward_incremental(x, cache)
+
+    def reset(self, cache: LayerKvCache) -> None:
+        cache.reset()
+
+    def snapshot(self, cache: LayerKvCache) -> Snapshot:
+        keys, values = cache.key_storage, cache.value_storage
+        return Snapshot(
+            length=cache.length, keys=cache.keys(), values=cache.values(),
+            physical_keys=keys.copy(), physical_values=values.copy(),
+            buffer_identity=(keys.__array_interface__["data"][0], values.__array_interface__["data"][0]))
+
+    def error_kind(self, error: BaseException) -> str | None:
+        for error_type, kind in ERROR_KINDS.items():
+            if isinstance(error, error_type):
+                return kind
+        return None
+
+
+def _rope(rope: Any) -> RopeConfig:
+    return RopeConfig(rope.style, rope.base, rope.rotary_width, rope.max_positions)
+
+
+def make_adapter() -> ReferenceAdapter:
+    return ReferenceAdapter()

@@ -1,0 +1,366 @@
+"""The stateful conformance machine for a layer-bound KV cache (SPEC §3, §6).
+
+A differential machine: on one side the implementation, driven only through
+its adapter; on the other the model -- the current weights, the rows fed
+since the cache was created or reset, and the oracle's full-prefix
+recomputation of them. Every rule says what the specification expects
+(success, or the first failing check in the documented order); after every
+rule an invariant compares the cache's contents with the oracle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+from hypothesis import note, target
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from oracle import FLOAT64, AttentionTrace, AttentionWeights, NumberSystem, RopeConfig, full_prefix_attention
+
+from . import strategies as s
+from .protocol import CacheSnapshot, Capability, ErrorKind, KvCacheAdapter
+from .verdict import (
+    NonConformance,
+    assert_close,
+    call,
+    expect_rejection,
+    expect_success,
+    read_snapshot,
+    same_state,
+)
+
+# Malformed rows and the error each must raise (checked before anything else).
+MALFORMATIONS = {
+    "rank 1": ErrorKind.RANK, "rank 2": ErrorKind.RANK, "rank 4": ErrorKind.RANK,
+    "zero tokens": ErrorKind.TOKEN_COUNT, "several tokens": ErrorKind.TOKEN_COUNT,
+    "wrong batch": ErrorKind.BATCH_MISMATCH, "wrong width": ErrorKind.WIDTH_MISMATCH,
+    "int64 dtype": ErrorKind.DTYPE, "complex dtype": ErrorKind.DTYPE,
+}
+
+
+class LayerCacheMachine(RuleBasedStateMachine):
+    """Drive one layer and its cache at random; check every step against the oracle."""
+
+    # For the mutant report: examples run, the example that first failed, steps of the latest run
+    # (after a failure, Hypothesis replays the shrunk program last).
+    runs: ClassVar[int] = 0
+    first_failing_run: ClassVar[int | None] = None
+    last_run_steps: ClassVar[int] = 0
+
+    def __init__(self, adapter: KvCacheAdapter, numbers: NumberSystem = FLOAT64,
+                 tolerance: float = s.TOLERANCE, style: str | None = None, grouped: bool | None = None) -> None:
+        super().__init__()
+        self.adapter, self.numbers, self.tolerance = adapter, numbers, tolerance
+        self.family = {"style": style, "grouped": grouped}  # which configurations this run draws
+        self.capabilities = frozenset(adapter.capabilities)
+        self.physical = Capability.PHYSICAL_STORAGE.value in self.capabilities
+        self.worst_error = 0.0
+        if NonConformance.raised and type(self).first_failing_run is None:
+            type(self).first_failing_run = type(self).runs
+        type(self).runs += 1
+        type(self).last_run_steps = 0
+
+    def has(self, capability: Capability) -> bool:
+        return capability.value in self.capabilities
+
+    # -- set-up and model ------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def build_layer_and_cache(self, data: st.DataObject) -> None:
+        self.config = data.draw(s.layer_configs(self.capabilities, **self.family), label="config")
+        self.weights = self.config.weights
+        self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")
+        self._new_cache()
+
+    def _create_layer(self, weights: AttentionWeights, rope: RopeConfig, what: str) -> Any:
+        copied = AttentionWeights(weights.wq.copy(), weights.wk.copy(), weights.wv.copy(), weights.wo.copy(),
+                                  heads=weights.heads, kv_heads=weights.kv_heads)
+        return expect_success(call(self.adapter, what, lambda: self.adapter.create_layer(copied, rope)), what)
+
+    def _new_cache(self) -> None:
+        what = "create a cache"
+        self.cache = expect_success(call(self.adapter, what, lambda: self.adapter.create_cache(
+            self.layer, self.config.batch_size, self.config.capacity)), what)
+        self.cache_weights = self.weights  # the weights every row of this cache was computed with
+        self.rows: list[np.ndarray] = []  # [B, D] each, since creation or reset
+        self.trace: AttentionTrace | None = None  # oracle of self.rows, computed on demand
+        self.stale = False  # parameters written in place since this cache was built
+        self.peaked = False  # holds a peaked row: valid appends would leave the documented range
+
+    def _oracle(self, rows: list[np.ndarray]) -> AttentionTrace:
+        x = np.stack(rows, axis=1)  # [B, T, D]
+        return full_prefix_attention(x, self.cache_weights, self.config.rope, numbers=self.numbers)
+
+    def _snapshot(self, cache: Any, what: str) -> CacheSnapshot:
+        return read_snapshot(self.adapter, cache, what, physical=self.physical)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) >= self.config.capacity
+
+    def _expected(self, *, malformed: ErrorKind | None = None, layer: str = "own",
+                  non_finite: bool = False) -> ErrorKind | None:
+        """The specification's verdict, by the documented order of checks."""
+        if malformed is not None:
+            return malformed
+        if layer == "recreated":
+            return ErrorKind.LAYER_MISMATCH
+        if self.stale:
+            return ErrorKind.REVISION_MISMATCH
+        if layer == "rope variant":
+            return ErrorKind.ROPE_MISMATCH
+        if self.full:
+            return ErrorKind.FULL
+        return ErrorKind.NON_FINITE if non_finite else None
+
+    def _step(self, x: np.ndarray, expected: ErrorKind | None, what: str, layer: Any = None,
+              cache: Any = None) -> Any:
+        """One adapter step; on rejection, prove nothing observable changed."""
+        type(self).last_run_steps += 1
+        layer = self.layer if layer is None else layer
+        cache = self.cache if cache is None else cache
+        before = self._snapshot(cache, what) if expected is not None else None
+        outcome = call(self.adapter, what, lambda: self.adapter.step(layer, cache, x.copy()))
+        if expected is None:
+            return expect_success(outcome, what)
+        expect_rejection(outcome, expected, what)
+        assert before is not None
+        same_state(before, self._snapshot(cache, what), what, "a rejected call must change nothing")
+        return None
+
+    def _append_and_check(self, x: np.ndarray, what: str) -> None:
+        """A step that must succeed: its output must equal full-prefix recomputation."""
+        rows = self.rows + [x[:, 0, :]]
+        trace = self._oracle(rows)
+        output = self._step(x, None, what)
+        error = assert_close(output, trace.outputs[:, -1:, :], tolerance=self.tolerance,
+                             what=f"{what}: output at position {len(self.rows)}",
+                             axes=("batch", "position", "feature"))
+        self.worst_error = max(self.worst_error, error)
+        self.rows, self.trace = rows, trace
+
+    # -- valid rows ----------------------------------------------------------------------------------
+
+    @precondition(lambda self: not self.peaked and (not self.full or self.has(Capability.FIXED_CAPACITY))
+                  and (not self.stale or self.has(Capability.BINDING_CHECKS)))
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def append_rows(self, data: st.DataObject, count: int) -> None:
+        """Valid rows, one step each: accepted and exact; or FULL, or REVISION_MISMATCH if stale."""
+        for _ in range(count):
+            if self.full and not self.has(Capability.FIXED_CAPACITY):
+                return
+            x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
+            expected = self._expected()
+            if expected is None:
+                self._append_and_check(x, "append a row")
+            else:
+                self._step(x, expected, f"append a row to a {'stale' if self.stale else 'full'} cache")
+
+    @precondition(lambda self: not self.rows and not self.stale
+                  and s.peak_features(self.cache_weights))
+    @rule(data=st.data())
+    def append_peaked_row(self, data: st.DataObject) -> None:
+        """A first row whose lone score is +-750: exp overflows or underflows unless shifted."""
+        feature, scale = data.draw(st.sampled_from(s.peak_features(self.cache_weights)), label="feature, scale")
+        sign = data.draw(st.sampled_from([1.0, -1.0]), label="sign")
+        x = np.zeros((self.config.batch_size, 1, self.config.model_width))
+        x[:, 0, feature] = sign * scale
+        self._append_and_check(x, f"append a peaked row (feature {feature} = {sign * scale:.6g})")
+        self.peaked = True
+
+    # -- rejected rows ------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.has(Capability.INPUT_VALIDATION))
+    @rule(data=st.data())
+    def append_malformed_row(self, data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(sorted(MALFORMATIONS)), label="malformation")
+        batch, width = self.config.batch_size, self.config.model_width
+        valid = data.draw(s.rows(batch, width), label="row")
+        if kind == "rank 1":
+            x = valid[0, 0]
+        elif kind == "rank 2":
+            x = valid[:, 0]
+        elif kind == "rank 4":
+            x = valid[:, :, None]
+        elif kind == "zero tokens":
+            x = np.zeros((batch, 0, width))
+        elif kind == "several tokens":
+            x = data.draw(s.bounded_arrays((batch, data.draw(st.integers(2, 3)), width), 1.0), label="rows")
+        elif kind == "wrong batch":
+            other = data.draw(st.sampled_from([b for b in range(1, s.MAX_BATCH + 2) if b != batch]), label="batch")
+            x = data.draw(s.rows(other, width), label="row")
+        elif kind == "wrong width":
+            other = data.draw(st.sampled_from([w for w in range(1, s.MAX_MODEL_WIDTH + 2) if w != width]),
+                              label="width")
+            x = data.draw(s.rows(batch, other), label="row")
+        elif kind == "int64 dtype":
+            x = np.rint(valid).astype(np.int64)
+        else:
+            x = valid.astype(np.complex128)
+        self._step(x, self._expected(malformed=MALFORMATIONS[kind]), f"append a row with {kind}, shape {x.shape}")
+
+    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION))
+    @rule(data=st.data())
+    def append_non_finite_row(self, data: st.DataObject) -> None:
+        x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
+        bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf]), label="value")
+        index = data.draw(st.tuples(st.integers(0, x.shape[0] - 1), st.integers(0, x.shape[2] - 1)), label="index")
+        x[index[0], 0, index[1]] = bad
+        self._step(x, self._expected(non_finite=True), f"append a row with {bad} at {index}")
+
+    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and s.overflow_targets(self.weights))
+    @rule(data=st.data())
+    def append_overflowing_row(self, data: st.DataObject) -> None:
+        """A finite row whose query, key or value projection is certain to overflow."""
+        name, column, _ = data.draw(st.sampled_from(s.overflow_targets(self.weights)), label="target")
+        x = np.broadcast_to(s.overflowing_row(self.weights, name, column), self._row_shape).copy()
+        self._step(x, self._expected(non_finite=True), f"append a row overflowing {name} feature {column}")
+
+    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and s.isolated_overflows(self.weights))
+    @rule(data=st.data())
+    def append_row_overflowing_only_key_or_value(self, data: st.DataObject) -> None:
+        """The key overflows and the value does not, or the other way round: still nothing is written."""
+        name, column, row = data.draw(st.sampled_from(s.isolated_overflows(self.weights)), label="target")
+        x = np.broadcast_to(row, self._row_shape).copy()
+        self._step(x, self._expected(non_finite=True), f"append a row overflowing only {name} feature {column}")
+
+    @property
+    def _row_shape(self) -> tuple[int, int, int]:
+        return (self.config.batch_size, 1, self.config.model_width)
+
+    # -- other layers against this cache -----------------------------------------------------------
+
+    @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
+    @rule(data=st.data())
+    def append_through_recreated_layer(self, data: st.DataObject) -> None:
+        """Equal values in new parameter objects: LAYER_MISMATCH."""
+        what = "recreate the layer"
+        recreated = expect_success(call(self.adapter, what, lambda: self.adapter.recreate_layer(self.layer)), what)
+        x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
+        self._step(x, self._expected(layer="recreated"), "append through a recreated layer", layer=recreated)
+
+    @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
+    @rule(data=st.data())
+    def append_under_other_rope(self, data: st.DataObject) -> None:
+        """The same parameters under another RoPE: ROPE_MISMATCH (the base compared bit for bit)."""
+        rope = self.config.rope
+        variants = {
+            "base one ulp up": {"base": math.nextafter(rope.base, math.inf)},
+            "base one ulp down": {"base": math.nextafter(rope.base, 0.0)},
+            "base doubled": {"base": rope.base * 2},
+            "max positions + 1": {"max_positions": rope.max_positions + 1},
+            "max positions - 1": {"max_positions": rope.max_positions - 1},
+        }
+        if self.has(Capability.ROPE_INTERLEAVED) and self.has(Capability.ROPE_HALF_SPLIT):
+            variants["other pairing"] = {"style": "half_split" if rope.style == "interleaved" else "interleaved"}
+        if self.has(Capability.PARTIAL_ROTARY):
+            for width in range(2, self.config.weights.head_width + 1, 2):
+                if width != rope.rotary_width:
+                    variants[f"rotary width {width}"] = {"rotary_width": width}
+        fields = {"style": rope.style, "base": rope.base, "rotary_width": rope.rotary_width,
+                  "max_positions": rope.max_positions}
+        name = data.draw(st.sampled_from(sorted(n for n, v in variants.items()
+                                                if "max_positions" not in v or v["max_positions"] >= 1)),
+                         label="RoPE change")
+        other = RopeConfig(**{**fields, **variants[name]})  # type: ignore[arg-type]
+        what = f"the layer under RoPE with {name}"
+        layer = expect_success(call(self.adapter, what, lambda: self.adapter.with_rope(self.layer, other)), what)
+        x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
+        self._step(x, self._expected(layer="rope variant"), f"append through {what}", layer=layer)
+
+    @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
+    @rule(data=st.data())
+    def append_into_cache_of_other_geometry(self, data: st.DataObject) -> None:
+        """This layer against a cache built for another shape: GEOMETRY_MISMATCH, that cache untouched."""
+        w = self.config.weights
+        heads, kv_heads, dh, width = w.heads, w.kv_heads, w.head_width, w.model_width
+        change = data.draw(st.sampled_from(["model width", "head width", "heads"]), label="geometry change")
+        if change == "model width":
+            width += 1
+        elif change == "head width":
+            dh += 2
+        else:
+            heads, kv_heads = heads * 2, kv_heads * (1 if self.has(Capability.GQA) else 2)
+        weights = data.draw(s.attention_weights(width, heads, kv_heads, dh), label="other weights")
+        rope = RopeConfig(self.config.rope.style, self.config.rope.base, self.config.rope.rotary_width,
+                          self.config.rope.max_positions)
+        other_layer = self._create_layer(weights, rope, f"create a layer with another {change}")
+        what = "create a cache for the other layer"
+        other_cache = expect_success(call(self.adapter, what, lambda: self.adapter.create_cache(
+            other_layer, self.config.batch_size, self.config.capacity)), what)
+        x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
+        self._step(x, ErrorKind.GEOMETRY_MISMATCH, f"append into a cache built for another {change}",
+                   cache=other_cache)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    @rule()
+    def reset(self) -> None:
+        """Length 0; same buffers, same bytes, same bindings (a stale cache stays stale)."""
+        type(self).last_run_steps += 1
+        before = self._snapshot(self.cache, "reset")
+        expect_success(call(self.adapter, "reset", lambda: self.adapter.reset(self.cache)), "reset")
+        after = self._snapshot(self.cache, "reset")
+        if after.length != 0:
+            raise NonConformance(f"reset: length is {after.length}, but should be 0")
+        if self.physical:
+            same_state(CacheSnapshot(0, after.keys, after.values, before.physical_keys, before.physical_values,
+                                     before.buffer_identity), after, "reset",
+                       "reset must keep both buffers and every byte in them")
+        self.rows, self.trace, self.peaked = [], None, False
+
+    @rule(data=st.data())
+    def update_weights_in_place(self, data: st.DataObject) -> None:
+        """An optimiser-like write into the same parameters (possibly of identical values)."""
+        type(self).last_run_steps += 1
+        new = data.draw(s.weight_updates(self.weights), label="new weights")
+        copied = AttentionWeights(new.wq.copy(), new.wk.copy(), new.wv.copy(), new.wo.copy(),
+                                  heads=new.heads, kv_heads=new.kv_heads)
+        what = "update the weights in place"
+        expect_success(call(self.adapter, what, lambda: self.adapter.update_weights(self.layer, copied)), what)
+        self.weights = new
+        if self.has(Capability.BINDING_CHECKS):
+            self.stale = True
+        else:
+            self._new_cache()  # without binding checks a stale cache has no specified behaviour
+
+    @precondition(lambda self: self.stale or self.full)
+    @rule()
+    def replace_cache(self) -> None:
+        """A fresh cache for the layer as it is now."""
+        type(self).last_run_steps += 1
+        self._new_cache()
+
+    # -- after every rule -----------------------------------------------------------------------------
+
+    @invariant()
+    def cache_matches_oracle(self) -> None:
+        """Length, logical K/V and the physical prefix equal the oracle's rotated keys and values."""
+        snapshot = self._snapshot(self.cache, "after the last step")
+        if snapshot.length != len(self.rows):
+            raise NonConformance(f"cache length is {snapshot.length}, but {len(self.rows)} rows were appended")
+        if self.rows and self.trace is None:
+            self.trace = self._oracle(self.rows)
+        batch, kv, dh = self.config.batch_size, self.config.weights.kv_heads, self.config.weights.head_width
+        expected_keys = self.trace.keys if self.rows and self.trace else np.zeros((batch, kv, 0, dh))
+        expected_values = self.trace.values if self.rows and self.trace else np.zeros((batch, kv, 0, dh))
+        checks = [("logical keys", snapshot.keys, expected_keys), ("logical values", snapshot.values, expected_values)]
+        if self.physical:
+            shape = (batch, kv, self.config.capacity, dh)
+            for name in ("physical_keys", "physical_values"):
+                if getattr(snapshot, name).shape != shape:
+                    raise NonConformance(f"{name.replace('_', ' ')}: shape {getattr(snapshot, name).shape}, "
+                                         f"but the layout is [B, KV, C, dh] = {shape}")
+            checks += [("physical key rows", snapshot.physical_keys[:, :, :len(self.rows)], expected_keys),
+                       ("physical value rows", snapshot.physical_values[:, :, :len(self.rows)], expected_values)]
+        for what, actual, expected in checks:
+            error = assert_close(actual, expected, tolerance=self.tolerance, what=f"cached {what}")
+            self.worst_error = max(self.worst_error, error)
+
+    def teardown(self) -> None:
+        if hasattr(self, "config"):
+            note(f"worst |error| against the oracle: {self.worst_error:.3e}")
+            target(self.worst_error, label="worst |error| against the oracle")

@@ -1,0 +1,43 @@
+"""Hypothesis profiles, chosen by ``--hypothesis-profile`` or ``HYPOTHESIS_PROFILE``.
+
+- ``dev`` (the default): quick feedback while developing.
+- ``ci``: derandomised, so it never flakes, and without deadlines.
+- ``thorough``: many examples and long programs, for a nightly or a release.
+
+No profile has a deadline: a machine's run time grows with its program, and
+these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+ENV_VAR = "HYPOTHESIS_PROFILE"
+DEFAULT = "dev"
+PROFILES: dict[str, dict[str, object]] = {
+    "dev": {"max_examples": 40, "stateful_step_count": 30},
+    "ci": {"max_examples": 60, "stateful_step_count": 30, "derandomize": True, "print_blob": True},
+    "thorough": {"max_examples": 1000, "stateful_step_count": 80},
+}
+_COMMON: dict[str, object] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+
+def register(database_root: Path | None = None, implementation: str | None = None) -> None:
+    """(Re-)register every profile; examples go to one database per implementation."""
+    for name, values in PROFILES.items():
+        database = None
+        if database_root is not None and implementation is not None and not values.get("derandomize"):
+            database = DirectoryBasedExampleDatabase(str(database_root / implementation))
+        settings.register_profile(name, **_COMMON, **values, database=database)  # type: ignore[arg-type]
+
+
+def load(name: str | None = None) -> str:
+    """Load ``name``, else the current profile if it is one of ours, else $HYPOTHESIS_PROFILE or dev."""
+    current = settings.get_current_profile_name()
+    chosen = name or (current if current in PROFILES else os.environ.get(ENV_VAR) or DEFAULT)
+    settings.load_profile(chosen)
+    return chosen

@@ -1,0 +1,91 @@
+"""SPEC §3: creating a cache rejects zero batch, zero capacity, capacity above the
+RoPE position capacity, element-count overflow and allocation failure, each with
+its own error kind; the boundary cases are accepted and the cache starts empty."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oracle import RopeConfig
+from properties import selection
+from properties import strategies as s
+from properties.protocol import Capability, ErrorKind, KvCacheAdapter
+from properties.verdict import NonConformance, call, expect_rejection, expect_success, read_snapshot
+
+MAX_INDEXABLE_BYTES = 2**63 - 1  # the largest byte count a 64-bit numpy array can index
+UNMAPPABLE_BYTES = 2**58  # indexable, but above every x86-64/arm64 user address space (57 bits)
+
+
+@pytest.fixture(scope="module")
+def adapter() -> KvCacheAdapter:
+    adapter = selection.selected()
+    if Capability.CREATION_ERRORS.value not in adapter.capabilities:
+        pytest.skip(f"{adapter.name} does not declare {Capability.CREATION_ERRORS.value}")
+    return adapter
+
+
+def _layer(adapter: KvCacheAdapter, config: s.LayerConfig, max_positions: int | None = None) -> Any:
+    rope = config.rope
+    if max_positions is not None:
+        rope = RopeConfig(rope.style, rope.base, rope.rotary_width, max_positions)
+    return expect_success(call(adapter, "create a layer", lambda: adapter.create_layer(config.weights, rope)),
+                          "create a layer")
+
+
+def _create(adapter: KvCacheAdapter, layer: Any, batch: int, capacity: int) -> Any:
+    return call(adapter, f"create a cache of batch {batch}, capacity {capacity}",
+                lambda: adapter.create_cache(layer, batch, capacity))
+
+
+def configs() -> st.SearchStrategy[s.LayerConfig]:
+    return s.layer_configs(selection.selected().capabilities)
+
+
+@given(config=configs(), data=st.data())
+def test_zero_batch_and_zero_capacity_are_rejected(adapter: KvCacheAdapter, config: s.LayerConfig,
+                                                   data: st.DataObject) -> None:
+    layer = _layer(adapter, config)
+    expect_rejection(_create(adapter, layer, 0, config.capacity), ErrorKind.ZERO_BATCH, "batch 0")
+    expect_rejection(_create(adapter, layer, config.batch_size, 0), ErrorKind.ZERO_CAPACITY, "capacity 0")
+
+
+@given(config=configs(), extra=st.integers(1, 1 << 20))
+def test_capacity_is_bounded_by_rope_positions(adapter: KvCacheAdapter, config: s.LayerConfig, extra: int) -> None:
+    layer = _layer(adapter, config)
+    limit = config.rope.max_positions
+    expect_rejection(_create(adapter, layer, config.batch_size, limit + extra),
+                     ErrorKind.CAPACITY_EXCEEDS_POSITIONS, f"capacity {limit + extra} > max positions {limit}")
+    if limit <= 4096:  # the boundary itself is accepted, and a new cache is empty
+        cache = expect_success(_create(adapter, layer, config.batch_size, limit), f"capacity = max positions {limit}")
+        snapshot = read_snapshot(adapter, cache, "a new cache", physical=False)
+        if snapshot.length != 0:
+            raise NonConformance(f"a new cache has length {snapshot.length}, but should be empty")
+
+
+@given(config=configs(), capacity_bits=st.integers(31, 48), surplus=st.integers(0, 1000))
+def test_element_count_overflow_is_rejected(adapter: KvCacheAdapter, config: s.LayerConfig,
+                                            capacity_bits: int, surplus: int) -> None:
+    """More bytes than an array can index: ELEMENT_COUNT_OVERFLOW, never a raw numpy error."""
+    capacity = 1 << capacity_bits
+    per_batch = config.weights.kv_heads * capacity * config.weights.head_width * 8  # bytes
+    batch = MAX_INDEXABLE_BYTES // per_batch + 1 + surplus
+    layer = _layer(adapter, config, max_positions=1 << 62)
+    expect_rejection(_create(adapter, layer, batch, capacity), ErrorKind.ELEMENT_COUNT_OVERFLOW,
+                     f"{batch * per_batch} bytes of storage")
+
+
+@given(config=configs(), capacity_bits=st.integers(20, 40))
+def test_allocation_failure_is_a_typed_error(adapter: KvCacheAdapter, config: s.LayerConfig,
+                                             capacity_bits: int) -> None:
+    """Indexable but unmappable storage: ALLOCATION_FAILED, never a raw MemoryError."""
+    capacity = 1 << capacity_bits
+    per_batch = config.weights.kv_heads * capacity * config.weights.head_width * 8
+    batch = -(-UNMAPPABLE_BYTES // per_batch)
+    assert batch * per_batch <= MAX_INDEXABLE_BYTES
+    layer = _layer(adapter, config, max_positions=1 << 62)
+    expect_rejection(_create(adapter, layer, batch, capacity), ErrorKind.ALLOCATION_FAILED,
+                     f"{batch * per_batch} bytes of storage")

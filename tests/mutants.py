@@ -1,0 +1,177 @@
+"""Deliberately broken copies of the reference implementation.
+
+Each mutant is a few exact source edits of one ``impl`` file. ``build``
+copies the whole ``impl`` package under a new name, applies the edits (each
+must match exactly once, so a mutant cannot silently rot when ``impl``
+changes) and returns the spec of the copy's own adapter, loadable like any
+third-party implementation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+IMPL = Path(__file__).resolve().parent.parent / "impl"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    edits: tuple[tuple[str, str], ...]
+    why: str
+
+
+MUTANTS = (
+    Mutant("rope_at_new_length", "attention.py",
+           (("position = cache.length\n", "position = cache.length + 1\n"),),
+           "rotates q and k at the new length instead of the old"),
+    Mutant("values_rotated", "attention.py",
+           (("key = self.rope.rotate(key, position)\n",
+             "key = self.rope.rotate(key, position)\n            value = self.rope.rotate(value, position)\n"),),
+           "stores values rotated"),
+    Mutant("key_written_before_value_checked", "attention.py",
+           (('_require_finite(NonFiniteKeyValue, "projected value", value)',
+             'cache._keys[:, :, cache.length] = key\n'
+             '            _require_finite(NonFiniteKeyValue, "projected value", value)'),),
+           "writes the key row before the value row is known to be finite"),
+    Mutant("reset_reallocates", "cache.py",
+           (("        self._length = 0\n\n    def check_binding",
+             "        self._keys, self._values = np.zeros_like(self._keys), np.zeros_like(self._values)\n"
+             "        self._length = 0\n\n    def check_binding"),),
+           "reset allocates new buffers"),
+    Mutant("reset_zeroes", "cache.py",
+           (("        self._length = 0\n\n    def check_binding",
+             "        self._keys[...] = 0.0\n        self._values[...] = 0.0\n"
+             "        self._length = 0\n\n    def check_binding"),),
+           "reset overwrites the stored rows"),
+    Mutant("no_revision_check", "cache.py",
+           (("            if current.version != version:", "            if False:"),),
+           "accepts a layer whose parameters were updated in place"),
+    Mutant("no_identity_check", "cache.py",
+           (("            if recorded is not current:", "            if False:"),),
+           "accepts a recreated layer with equal values"),
+    Mutant("rope_base_with_tolerance", "rope.py",
+           (("and _bits(self.base) == _bits(other.base))",
+             "and abs(self.base - other.base) <= 1e-9 * abs(other.base))"),),
+           "compares the RoPE base with a tolerance instead of bit for bit"),
+    Mutant("full_check_off_by_one", "cache.py",
+           (("return self._length >= self.capacity", "return self._length > self.capacity"),),
+           "lets a full cache take one more row"),
+    Mutant("unstable_softmax", "attention.py",
+           (("shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))", "shifted = np.exp(scores)"),),
+           "softmax without subtracting the row maximum"),
+    Mutant("gqa_head_mapping_modulo", "attention.py",
+           (("grouped = query.reshape(batch, kv_heads, -1, dh)",
+             "grouped = query.reshape(batch, -1, kv_heads, dh).swapaxes(1, 2)"),
+            ("return mixed.reshape(batch, -1)  # [B, H*dh]", "return mixed.swapaxes(1, 2).reshape(batch, -1)")),
+           "query head h reads kv head h % KV instead of h // (H / KV)"),
+    Mutant("storage_layout_bckd", "cache.py",
+           (("shape = (batch_size, layer.kv_heads, capacity, layer.head_width)",
+             "shape = (batch_size, capacity, layer.kv_heads, layer.head_width)"),
+            ("return self._keys[:, :, :self._length].copy()", "return self._keys[:, :self._length].swapaxes(1, 2).copy()"),
+            ("return self._values[:, :, :self._length].copy()",
+             "return self._values[:, :self._length].swapaxes(1, 2).copy()"),
+            ("return self._keys[:, :, :self._length], self._values[:, :, :self._length]",
+             "return self._keys[:, :self._length].swapaxes(1, 2), self._values[:, :self._length].swapaxes(1, 2)"),
+            ("self._keys[:, :, self._length] = key", "self._keys[:, self._length] = key"),
+            ("self._values[:, :, self._length] = value", "self._values[:, self._length] = value")),
+           "physical storage laid out [B, C, KV, dh], logically correct"),
+    Mutant("no_rope_max_positions_check", "rope.py",
+           (("and self.max_positions == other.max_positions\n", "\n"),),
+           "ignores a change of RoPE position capacity"),
+    Mutant("rotary_width_ignored", "rope.py",
+           (("r = self.rotary_width\n", "r = x.shape[-1]\n"),),
+           "rotates every feature of a head even under partial rotary"),
+    Mutant("query_not_rotated", "attention.py",
+           (("query = self.rope.rotate(query, position)\n", "\n"),),
+           "rotates keys but not the new query"),
+    Mutant("scale_by_head_width", "attention.py",
+           (("], axis=-1) / math.sqrt(dh)", "], axis=-1) / dh"),),
+           "scales scores by 1/dh instead of 1/sqrt(dh)"),
+    Mutant("non_finite_input_accepted", "attention.py",
+           (('_require_finite(NonFiniteInput, "input", row)', "pass"),
+            ('_require_finite(NonFiniteKeyValue, "projected key", key)', "pass"),
+            ('_require_finite(NonFiniteKeyValue, "projected value", value)', "pass"),
+            ('_require_finite(NonFiniteAttention, "rotated query", query)', "pass"),
+            ('_require_finite(NonFiniteAttention, "attention output", output)', "pass")),
+           "no finiteness checks at all: NaN rows are committed"),
+    Mutant("output_checked_after_commit", "attention.py",
+           (('            _require_finite(NonFiniteAttention, "rotated query", query)\n', ""),
+            ('            _require_finite(NonFiniteAttention, "attention output", output)\n', ""),
+            ("        cache._commit(prepared.key, prepared.value)\n        return prepared.output",
+             "        cache._commit(prepared.key, prepared.value)\n"
+             '        _require_finite(NonFiniteAttention, "attention output", prepared.output)\n'
+             "        return prepared.output")),
+           "commits the row before checking that the query and output are finite"),
+    Mutant("integer_input_cast", "attention.py",
+           (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:\n            raise InputDtypeError(f\"{type(x)"
+             ".__name__} of {getattr(x, 'dtype', 'no dtype')}\")\n        if x.ndim != 3:\n            raise InputRankError"
+             "(x.ndim)\n        if x.shape[1] != 1:",
+             "x = np.asarray(x).real.astype(np.float64)\n        if x.ndim != 3:\n            raise InputRankError"
+             "(x.ndim)\n        if x.shape[1] != 1:"),),
+           "silently converts integer and complex rows to float64"),
+)
+
+
+def build(mutant: Mutant, directory: Path) -> str:
+    """Write the mutated copy of ``impl`` under ``directory``; return its adapter spec."""
+    package = f"impl_mutant_{mutant.name}"
+    target = directory / package
+    if not target.exists():
+        shutil.copytree(IMPL, target, ignore=shutil.ignore_patterns("__pycache__"))
+        path = target / mutant.file
+        source = path.read_text()
+        for old, new in mutant.edits:
+            count = source.count(old)
+            if count != 1:
+                raise AssertionError(f"mutant {mutant.name}: {old!r} occurs {count} times in impl/{mutant.file}")
+            source = source.replace(old, new)
+        path.write_text(source)
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    importlib.invalidate_caches()
+    return f"{package}.conformance:make_adapter"
+
+
+@dataclass(frozen=True)
+class Kill:
+    """How the machine caught a mutant."""
+
+    mutant: str
+    family: str  # the machine run (RoPE pairing, attention kind) that failed
+    examples: int  # examples run up to and including the first failing one
+    total_runs: int  # with shrinking
+    shrunk_steps: int  # steps in the minimal failing program
+    message: str
+
+
+FAMILIES = (("interleaved", False), ("half_split", False), ("interleaved", True), ("half_split", True))
+
+
+def kill(mutant: Mutant, directory: Path) -> Kill | None:
+    """Run the layer-cache machine under the ``ci`` profile against ``mutant``; None if it survives."""
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from properties import selection
+    from properties.layer_cache import LayerCacheMachine
+    from properties.verdict import NonConformance
+
+    adapter = selection.load_adapter(build(mutant, directory))
+    ci = settings(settings.get_profile("ci"), database=None, report_multiple_bugs=False, print_blob=False)
+    for style, grouped in FAMILIES:
+        LayerCacheMachine.runs, LayerCacheMachine.first_failing_run = 0, None
+        NonConformance.raised = 0
+        try:
+            run_state_machine_as_test(
+                lambda: LayerCacheMachine(adapter, style=style, grouped=grouped), settings=ci)
+        except NonConformance as failure:
+            first = LayerCacheMachine.first_failing_run or LayerCacheMachine.runs
+            return Kill(mutant.name, f"{style}/{'gqa' if grouped else 'mha'}", first, LayerCacheMachine.runs,
+                        LayerCacheMachine.last_run_steps, str(failure).splitlines()[0])
+    return None

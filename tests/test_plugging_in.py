@@ -1,0 +1,78 @@
+"""Selecting an implementation: KVCACHE_IMPL / --kv-impl, clear load errors, capabilities, databases."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from examples.minimal_adapter import make_adapter
+from properties import profiles, selection
+from properties.layer_cache import LayerCacheMachine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("spec, complaint", [
+    ("no_colon_here", "expected 'package.module:factory'"),
+    ("no.such.module:make_adapter", "cannot import module 'no.such.module'"),
+    ("impl.conformance:no_such_factory", "has no callable 'no_such_factory'"),
+    ("impl.errors:KvCacheError", "the adapter lacks"),
+])
+def test_a_bad_spec_names_the_variable_and_the_problem(spec: str, complaint: str) -> None:
+    with pytest.raises(selection.AdapterLoadError) as failure:
+        selection.load_adapter(spec)
+    assert "KVCACHE_IMPL" in str(failure.value) and "--kv-impl" in str(failure.value)
+    assert complaint in str(failure.value)
+
+
+def test_option_wins_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(selection.ENV_VAR, "examples.minimal_adapter:make_adapter")
+    assert selection.spec_from(None) == "examples.minimal_adapter:make_adapter"
+    assert selection.spec_from("impl.conformance:make_adapter") == "impl.conformance:make_adapter"
+    monkeypatch.delenv(selection.ENV_VAR)
+    assert selection.spec_from(None) == selection.DEFAULT_SPEC
+
+
+def test_each_implementation_gets_its_own_example_database(tmp_path: Path) -> None:
+    current = settings.get_current_profile_name()
+    try:
+        profiles.register(tmp_path, selection.database_key(make_adapter()))
+        database = settings.get_profile("dev").database
+        assert Path(database.path) == tmp_path / "example-minimal"  # type: ignore[union-attr]
+        assert settings.get_profile("ci").database is None  # derandomised: nothing to save
+    finally:
+        profiles.register(ROOT / ".hypothesis" / "implementations", selection.database_key(selection.selected()))
+        profiles.load(current)
+
+
+def test_the_minimal_example_adapter_conforms_to_what_it_claims() -> None:
+    ci = settings(settings.get_profile("ci"), database=None)
+    run_state_machine_as_test(lambda: LayerCacheMachine(make_adapter(), style="interleaved", grouped=False),
+                              settings=ci)
+
+
+def test_the_suite_runs_a_third_party_adapter_under_xdist() -> None:
+    """End to end, as a user runs it: the header names the implementation, absent capabilities skip."""
+    environment = {**os.environ, "KVCACHE_IMPL": "examples.minimal_adapter:make_adapter", "HYPOTHESIS_PROFILE": "ci"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rs", "properties"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "kvcache implementation: example-minimal 1.0" in result.stdout
+    assert "kvcache capabilities: float64, rope_interleaved" in result.stdout
+    assert "does not declare rope_half_split" in result.stdout
+    assert "does not declare creation_errors" in result.stdout
+
+
+def test_an_unloadable_implementation_stops_the_run_with_a_usage_error() -> None:
+    environment = {**os.environ, "KVCACHE_IMPL": "no.such.module:make_adapter"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "properties"],
+                            cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "KVCACHE_IMPL" in result.stderr and "no.such.module" in result.stderr
