@@ -163,7 +163,8 @@ class AttentionLayer:
         weights = _softmax(scores)
         mixed = weights @ value[:, :, None]  # [B, KV, G, T, dh]
         merged = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * dh)
-        return merged @ self.wo.value  # [B, T, D]
+        output: np.ndarray = merged @ self.wo.value  # [B, T, D]
+        return output
 
 
 def _attend_one_query(query: np.ndarray, key: np.ndarray, value: np.ndarray,
@@ -181,13 +182,15 @@ def _attend_one_query(query: np.ndarray, key: np.ndarray, value: np.ndarray,
     ], axis=-1) / math.sqrt(dh)
     weights = _softmax(scores)  # [B, KV, G, L+1]
     mixed = weights[..., :length] @ stored_values + weights[..., length:] * value[:, :, None, :]  # [B, KV, G, dh]
-    return mixed.reshape(batch, -1)  # [B, H*dh]
+    merged: np.ndarray = mixed.reshape(batch, -1)  # [B, H*dh]
+    return merged
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
     """Stable softmax over the last axis: subtract the row maximum first."""
     shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
+    weights: np.ndarray = shifted / shifted.sum(axis=-1, keepdims=True)
+    return weights
 
 
 def _require_finite(error: type[NonFiniteError], what: str, array: np.ndarray) -> None:

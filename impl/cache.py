@@ -78,11 +78,13 @@ class LayerKvCache:
 
     def keys(self) -> np.ndarray:
         """A copy of the logical rotated-key prefix ``[B, KV, length, dh]``."""
-        return self._keys[:, :, :self._length].copy()
+        keys: np.ndarray = self._keys[:, :, :self._length].copy()
+        return keys
 
     def values(self) -> np.ndarray:
         """A copy of the logical value prefix ``[B, KV, length, dh]``."""
-        return self._values[:, :, :self._length].copy()
+        values: np.ndarray = self._values[:, :, :self._length].copy()
+        return values
 
     @property
     def key_storage(self) -> np.ndarray:
@@ -131,6 +133,6 @@ class LayerKvCache:
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
-    view = array.view()
+    view: np.ndarray = array.view()
     view.flags.writeable = False
     return view

@@ -8,7 +8,7 @@ through ``assign`` or ``update``, which bump the version.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class Parameter:
     @property
     def value(self) -> np.ndarray:
         """A read-only view of the current values."""
-        view = self._data.view()
+        view: np.ndarray = self._data.view()
         view.flags.writeable = False
         return view
 

@@ -58,7 +58,7 @@ class RopeConfig:
         else:
             a_index, b_index = slice(0, r // 2), slice(r // 2, r)
         a, b = x[..., a_index], x[..., b_index]
-        rotated = x.copy()
+        rotated: np.ndarray = x.copy()
         rotated[..., a_index] = a * cos - b * sin
         rotated[..., b_index] = a * sin + b * cos
         return rotated

@@ -9,8 +9,9 @@ handful of functions below. ``FLOAT64`` makes those scalars Python floats
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import mpmath
 

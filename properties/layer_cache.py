@@ -58,6 +58,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
         self.capabilities = frozenset(adapter.capabilities)
         self.physical = Capability.PHYSICAL_STORAGE.value in self.capabilities
         self.worst_error = 0.0
+        self._facts: tuple[AttentionWeights | None, dict[str, list[Any]]] = (None, {})
         if NonConformance.raised and type(self).first_failing_run is None:
             type(self).first_failing_run = type(self).runs
         type(self).runs += 1
@@ -133,7 +134,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     def _append_and_check(self, x: np.ndarray, what: str) -> None:
         """A step that must succeed: its output must equal full-prefix recomputation."""
-        rows = self.rows + [x[:, 0, :]]
+        rows = [*self.rows, x[:, 0, :]]
         trace = self._oracle(rows)
         output = self._step(x, None, what)
         error = assert_close(output, trace.outputs[:, -1:, :], tolerance=self.tolerance,
@@ -159,12 +160,11 @@ class LayerCacheMachine(RuleBasedStateMachine):
             else:
                 self._step(x, expected, f"append a row to a {'stale' if self.stale else 'full'} cache")
 
-    @precondition(lambda self: not self.rows and not self.stale
-                  and s.peak_features(self.cache_weights))
+    @precondition(lambda self: not self.rows and not self.stale and self.facts["peaks"])
     @rule(data=st.data())
     def append_peaked_row(self, data: st.DataObject) -> None:
         """A first row whose lone score is +-750: exp overflows or underflows unless shifted."""
-        feature, scale = data.draw(st.sampled_from(s.peak_features(self.cache_weights)), label="feature, scale")
+        feature, scale = data.draw(st.sampled_from(self.facts["peaks"]), label="feature, scale")
         sign = data.draw(st.sampled_from([1.0, -1.0]), label="sign")
         x = np.zeros((self.config.batch_size, 1, self.config.model_width))
         x[:, 0, feature] = sign * scale
@@ -211,21 +211,32 @@ class LayerCacheMachine(RuleBasedStateMachine):
         x[index[0], 0, index[1]] = bad
         self._step(x, self._expected(non_finite=True), f"append a row with {bad} at {index}")
 
-    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and s.overflow_targets(self.weights))
+    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and self.facts["overflows"])
     @rule(data=st.data())
     def append_overflowing_row(self, data: st.DataObject) -> None:
         """A finite row whose query, key or value projection is certain to overflow."""
-        name, column, _ = data.draw(st.sampled_from(s.overflow_targets(self.weights)), label="target")
+        name, column, _ = data.draw(st.sampled_from(self.facts["overflows"]), label="target")
         x = np.broadcast_to(s.overflowing_row(self.weights, name, column), self._row_shape).copy()
         self._step(x, self._expected(non_finite=True), f"append a row overflowing {name} feature {column}")
 
-    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and s.isolated_overflows(self.weights))
+    @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and self.facts["isolated overflows"])
     @rule(data=st.data())
     def append_row_overflowing_only_key_or_value(self, data: st.DataObject) -> None:
         """The key overflows and the value does not, or the other way round: still nothing is written."""
-        name, column, row = data.draw(st.sampled_from(s.isolated_overflows(self.weights)), label="target")
+        name, column, row = data.draw(st.sampled_from(self.facts["isolated overflows"]), label="target")
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._expected(non_finite=True), f"append a row overflowing only {name} feature {column}")
+
+    @property
+    def facts(self) -> dict[str, list[Any]]:
+        """Rows the current weights allow, computed once per weights (preconditions run every step)."""
+        if self._facts[0] is not self.weights:
+            self._facts = (self.weights, {
+                "overflows": s.overflow_targets(self.weights),
+                "isolated overflows": s.isolated_overflows(self.weights),
+                "peaks": s.peak_features(self.weights),
+            })
+        return self._facts[1]
 
     @property
     def _row_shape(self) -> tuple[int, int, int]:

@@ -13,15 +13,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 ENV_VAR = "HYPOTHESIS_PROFILE"
 DEFAULT = "dev"
+# No explain phase anywhere: its line tracer slows every example severalfold, and
+# the machines' own failure messages already say what went wrong and where. The
+# ci profile has no target phase either: hill-climbing on the worst error is a
+# search for new failures (dev, thorough), and it can take thousands of runs.
+_SEARCH = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+_VERDICT = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 PROFILES: dict[str, dict[str, object]] = {
-    "dev": {"max_examples": 40, "stateful_step_count": 30},
-    "ci": {"max_examples": 60, "stateful_step_count": 30, "derandomize": True, "print_blob": True},
-    "thorough": {"max_examples": 1000, "stateful_step_count": 80},
+    "dev": {"max_examples": 40, "stateful_step_count": 30, "phases": _SEARCH},
+    "ci": {"max_examples": 60, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
+           "phases": _VERDICT},
+    "thorough": {"max_examples": 1000, "stateful_step_count": 80, "phases": _SEARCH},
 }
 _COMMON: dict[str, object] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 

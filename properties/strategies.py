@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from hypothesis import strategies as st
@@ -46,7 +46,7 @@ class LayerConfig:
         return self.weights.model_width
 
 
-@lru_cache(maxsize=None)  # strategies are immutable; building them anew in every rule is slow
+@cache  # strategies are immutable; building them anew in every rule is slow
 def bounded_arrays(shape: tuple[int, ...], bound: float) -> st.SearchStrategy[np.ndarray]:
     """Element by element (Hypothesis shrinks each entry): for inputs, small and readable."""
     elements = st.floats(-bound, bound, allow_nan=False, allow_infinity=False, allow_subnormal=False)
@@ -127,7 +127,7 @@ def rope_configs(draw: st.DrawFn, capabilities: frozenset[str], head_width: int,
                       rotary_width=rotary_width, max_positions=max_positions)
 
 
-@lru_cache(maxsize=None)
+@cache
 def rows(batch_size: int, model_width: int) -> st.SearchStrategy[np.ndarray]:
     """One valid new row ``[B, 1, D]`` in the documented input range."""
     return bounded_arrays((batch_size, 1, model_width), INPUT_BOUND)
@@ -197,8 +197,9 @@ def peak_features(weights: AttentionWeights) -> list[tuple[int, float]]:
     dh, group = weights.head_width, weights.group_size
     features = []
     for j in range(weights.model_width):
-        strongest = max(abs(float(weights.wq[j, h * dh:(h + 1) * dh] @ weights.wk[j, (h // group) * dh:(h // group + 1) * dh]))
-                        for h in range(weights.heads)) / math.sqrt(dh)
+        query = weights.wq[j].reshape(weights.heads, dh)  # [H, dh]
+        key = weights.wk[j].reshape(weights.kv_heads, dh)  # [KV, dh]
+        strongest = max(abs(float(query[h] @ key[h // group])) for h in range(weights.heads)) / math.sqrt(dh)
         if strongest > 0.0:
             scale = math.sqrt(PEAK_SCORE / strongest)
             if scale <= PEAK_MAX_INPUT:

@@ -25,7 +25,7 @@ FEW = settings(settings.default, max_examples=max(10, settings.default.max_examp
 
 
 @st.composite
-def prefixes(draw: st.DrawFn) -> tuple[s.LayerConfig, "st.SearchStrategy"]:
+def prefixes(draw: st.DrawFn) -> tuple[s.LayerConfig, st.SearchStrategy]:
     config = draw(s.layer_configs(selection.selected().capabilities))
     tokens = draw(st.integers(1, config.capacity), label="tokens")
     x = draw(s.bounded_arrays((config.batch_size, tokens, config.model_width), s.INPUT_BOUND), label="x")

@@ -68,14 +68,14 @@ MUTANTS = (
     Mutant("gqa_head_mapping_modulo", "attention.py",
            (("grouped = query.reshape(batch, kv_heads, -1, dh)",
              "grouped = query.reshape(batch, -1, kv_heads, dh).swapaxes(1, 2)"),
-            ("return mixed.reshape(batch, -1)  # [B, H*dh]", "return mixed.swapaxes(1, 2).reshape(batch, -1)")),
+            ("merged: np.ndarray = mixed.reshape(batch, -1)",
+             "merged: np.ndarray = mixed.swapaxes(1, 2).reshape(batch, -1)")),
            "query head h reads kv head h % KV instead of h // (H / KV)"),
     Mutant("storage_layout_bckd", "cache.py",
            (("shape = (batch_size, layer.kv_heads, capacity, layer.head_width)",
              "shape = (batch_size, capacity, layer.kv_heads, layer.head_width)"),
-            ("return self._keys[:, :, :self._length].copy()", "return self._keys[:, :self._length].swapaxes(1, 2).copy()"),
-            ("return self._values[:, :, :self._length].copy()",
-             "return self._values[:, :self._length].swapaxes(1, 2).copy()"),
+            ("= self._keys[:, :, :self._length].copy()", "= self._keys[:, :self._length].swapaxes(1, 2).copy()"),
+            ("= self._values[:, :, :self._length].copy()", "= self._values[:, :self._length].swapaxes(1, 2).copy()"),
             ("return self._keys[:, :, :self._length], self._values[:, :, :self._length]",
              "return self._keys[:, :self._length].swapaxes(1, 2), self._values[:, :self._length].swapaxes(1, 2)"),
             ("self._keys[:, :, self._length] = key", "self._keys[:, self._length] = key"),
@@ -109,11 +109,8 @@ MUTANTS = (
              "        return prepared.output")),
            "commits the row before checking that the query and output are finite"),
     Mutant("integer_input_cast", "attention.py",
-           (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:\n            raise InputDtypeError(f\"{type(x)"
-             ".__name__} of {getattr(x, 'dtype', 'no dtype')}\")\n        if x.ndim != 3:\n            raise InputRankError"
-             "(x.ndim)\n        if x.shape[1] != 1:",
-             "x = np.asarray(x).real.astype(np.float64)\n        if x.ndim != 3:\n            raise InputRankError"
-             "(x.ndim)\n        if x.shape[1] != 1:"),),
+           (("        self._validate_request(x, cache)\n",
+             "        x = np.asarray(x).real.astype(np.float64)\n        self._validate_request(x, cache)\n"),),
            "silently converts integer and complex rows to float64"),
 )
 

@@ -1,0 +1,130 @@
+"""Benchmarks that print numbers (never timed tests): medians, and ratios from one run.
+
+    python bench/run.py                       # step, suite, mutants
+    python bench/run.py --only step           # a subset
+
+- step: the reference ``forward_incremental`` (B 1, H 8, dh 64, D 512) at
+  lengths 256..4096, against recomputing the full prefix with the same
+  implementation and against numpy copying the K/V bytes the step reads
+  (the memory-bandwidth floor).
+- suite: wall time of ``pytest properties/`` with ``-n 0`` and ``-n 2``.
+- mutants: for each mutant, the example at which the ``ci`` machine first
+  failed, runs including shrinking, and the shrunk program's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from impl import AttentionLayer, LayerKvCache, RopeConfig  # noqa: E402
+
+
+def median_seconds(action: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_step() -> None:
+    heads, head_width, model_width, longest = 8, 64, 512, 4096
+    rng = np.random.default_rng(0)
+    scale = 1 / np.sqrt(model_width)
+    layer = AttentionLayer.from_arrays(*(rng.uniform(-scale, scale, (model_width, model_width)) for _ in range(4)),
+                                       heads=heads, kv_heads=heads,
+                                       rope=RopeConfig("half_split", 10000.0, head_width, longest + 1))
+    x = rng.uniform(-1, 1, (1, longest + 1, model_width))
+    cache = LayerKvCache(layer, 1, longest + 1)
+    print("reference forward_incremental, B 1, H 8, dh 64, D 512 (medians)")
+    print(f"{'len':>6} {'step ms':>9} {'full ms':>10} {'full/step':>10} {'copy ms':>9} {'step/copy':>10} {'x prev':>7}")
+    previous = None
+    for length in (256, 512, 1024, 2048, 4096):
+        while cache.length < length:
+            layer.forward_incremental(x[:, cache.length:cache.length + 1], cache)
+        row = x[:, length:length + 1]
+
+        def step() -> None:
+            layer.forward_incremental(row, cache)
+            cache._length -= 1  # benchmark only: rewind so every repeat runs at this length
+
+        step_s = median_seconds(step, 60)
+        full_s = median_seconds(lambda: layer.forward_full(x[:, :length + 1]), 3 if length >= 2048 else 7)
+        keys, values = cache._prefix()
+        key_copy, value_copy = np.empty_like(keys), np.empty_like(values)
+
+        def copy() -> None:
+            np.copyto(key_copy, keys)
+            np.copyto(value_copy, values)
+
+        copy_s = median_seconds(copy, 60)
+        growth = f"{step_s / previous:7.2f}" if previous else f"{'':>7}"
+        print(f"{length:>6} {step_s * 1e3:9.3f} {full_s * 1e3:10.1f} {full_s / step_s:10.0f} "
+              f"{copy_s * 1e3:9.3f} {step_s / copy_s:10.2f} {growth}")
+        previous = step_s
+    print("(x prev: step time over the previous length's; linear growth is 2.0 per doubling)")
+
+
+def bench_suite() -> None:
+    print("pytest properties/, profile dev, reference implementation (wall seconds)")
+    environment = {**os.environ, "HYPOTHESIS_PROFILE": "dev"}
+    walls = {}
+    for workers in ("0", "2"):
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
+                                 "properties"], cwd=ROOT, env=environment, capture_output=True, text=True)
+        walls[workers] = time.perf_counter() - start
+        status = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-200:]
+        print(f"  -n {workers}: {walls[workers]:6.1f} s   {status}")
+    print(f"  speed-up of -n 2 over -n 0: {walls['0'] / walls['2']:.2f}x")
+
+
+def bench_mutants() -> None:
+    import conftest  # noqa: F401  (registers the Hypothesis profiles)
+    from tests.mutants import MUTANTS, kill
+
+    print("mutants under the ci profile")
+    print(f"{'mutant':36} {'family':18} {'example':>7} {'runs':>5} {'steps':>5} {'seconds':>7}  first line")
+    directory = Path(tempfile.mkdtemp())
+    survivors = []
+    for mutant in MUTANTS:
+        start = time.perf_counter()
+        caught = kill(mutant, directory)
+        seconds = time.perf_counter() - start
+        if caught is None:
+            survivors.append(mutant.name)
+            print(f"{mutant.name:36} SURVIVED ({seconds:.1f} s)")
+            continue
+        print(f"{mutant.name:36} {caught.family:18} {caught.examples:7} {caught.total_runs:5} "
+              f"{caught.shrunk_steps:5} {seconds:7.1f}  {caught.message[:90]}")
+    print(f"killed {len(MUTANTS) - len(survivors)} of {len(MUTANTS)}"
+          + (f"; survived: {survivors}" if survivors else ""))
+
+
+BENCHES = {"step": bench_step, "suite": bench_suite, "mutants": bench_mutants}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated: " + ", ".join(BENCHES))
+    for name in parser.parse_args().only.split(","):
+        BENCHES[name.strip()]()
+        print()
+
+
+if __name__ == "__main__":
+    main()
