@@ -29,6 +29,13 @@ class RopeConfig:
     (GPT-J, the course); ``"half_split"`` pairs ``i, i + r/2`` (GPT-NeoX,
     Llama's ``rotate_half``). Features at and past ``rotary_width`` (``r``) are
     not rotated. Positions ``>= max_positions`` are an error.
+
+    The pairings are one rotation seen through a permutation of features:
+    with ``perm[2i] = i`` and ``perm[2i+1] = i + r/2`` (and ``perm[j] = j``
+    for ``j >= r``), ``half_split(x)[perm] == interleaved(x[perm])``. So a
+    layer whose ``Wq``/``Wk`` rotary columns are permuted by ``perm`` in every
+    head computes under ``interleaved`` exactly what the original computes
+    under ``half_split`` (``tests/test_oracle.py`` checks both statements).
     """
 
     style: RopeStyle
