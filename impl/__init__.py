@@ -7,9 +7,10 @@ through ``impl.conformance:make_adapter``.
 from . import errors
 from .attention import AttentionLayer
 from .cache import LayerKvCache
+from .decoder import Decoder, DecodeSession
 from .parameters import AdamW, Parameter
 from .rope import RopeConfig
 
 __version__ = "0.1.0"
 
-__all__ = ["AdamW", "AttentionLayer", "LayerKvCache", "Parameter", "RopeConfig", "errors"]
+__all__ = ["AdamW", "AttentionLayer", "DecodeSession", "Decoder", "LayerKvCache", "Parameter", "RopeConfig", "errors"]

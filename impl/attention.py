@@ -32,12 +32,12 @@ from .rope import RopeConfig
 
 
 @dataclass(frozen=True, eq=False)
-class PreparedRow:
-    """A computed step whose key/value row is not yet in the cache."""
+class PreparedRows:
+    """A computed step whose key/value rows are not yet in the cache."""
 
-    output: np.ndarray  # [B, 1, D]
-    key: np.ndarray  # [B, KV, dh], rotated at the old length
-    value: np.ndarray  # [B, KV, dh], not rotated
+    output: np.ndarray  # [B, T, D]
+    keys: np.ndarray  # [B, KV, T, dh], rotated at their absolute positions
+    values: np.ndarray  # [B, KV, T, dh], not rotated
 
 
 class AttentionLayer:
@@ -99,8 +99,8 @@ class AttentionLayer:
         Returns ``[B, 1, D]``. Any rejection raises before the cache changes.
         """
         self._validate_request(x, cache)
-        prepared = self._prepare(x, cache)
-        cache._commit(prepared.key, prepared.value)
+        prepared = self.prepare(x, cache)
+        cache._commit(prepared.keys, prepared.values)
         return prepared.output
 
     def _validate_request(self, x: np.ndarray, cache: LayerKvCache) -> None:
@@ -119,30 +119,44 @@ class AttentionLayer:
         if cache.is_full:
             raise CacheFull(cache.capacity)
 
-    def _prepare(self, x: np.ndarray, cache: LayerKvCache) -> PreparedRow:
-        """Compute the step at position = old length; check every value; write nothing."""
-        position = cache.length
-        batch, kv_heads, dh = x.shape[0], self.kv_heads, self.head_width
-        row = x[:, 0, :]  # [B, D]
-        _require_finite(NonFiniteInput, "input", row)
+    def prepare(self, x: np.ndarray, cache: LayerKvCache) -> PreparedRows:
+        """Compute rows ``x [B, T, D]`` at positions ``next_position ..``; write nothing.
+
+        The caller has established the binding, the shape and the free capacity
+        (``forward_incremental`` per call, a decode session once). Checks every
+        computed value, so that a commit afterwards can never write inf or NaN.
+        """
+        start = cache.next_position
+        positions = np.arange(start, start + x.shape[1])  # [T]
+        _require_finite(NonFiniteInput, "input", x)
         with np.errstate(over="ignore", invalid="ignore"):
-            query = (row @ self.wq.value).reshape(batch, self.heads, dh)  # [B, H, dh]
-            key = (row @ self.wk.value).reshape(batch, kv_heads, dh)  # [B, KV, dh]
-            value = (row @ self.wv.value).reshape(batch, kv_heads, dh)  # [B, KV, dh]
-            query = self.rope.rotate(query, position)
-            key = self.rope.rotate(key, position)
+            query, key, value = self._project(x)
+            query = self.rope.rotate(query, positions)
+            key = self.rope.rotate(key, positions)
             _require_finite(NonFiniteKeyValue, "projected key", key)
             _require_finite(NonFiniteKeyValue, "projected value", value)
             _require_finite(NonFiniteAttention, "rotated query", query)
-            stored_keys, stored_values = cache._prefix()  # [B, KV, len, dh] views
-            mixed = _attend_one_query(query, key, value, stored_keys, stored_values)  # [B, H*dh]
-            output = mixed @ self.wo.value  # [B, D]
+            stored_keys, stored_values, stored_positions = cache._prefix()  # [B, KV, n, dh], [n]
+            mixed = _attend(query, key, value, positions, stored_keys, stored_values, stored_positions,
+                            window=cache.window)  # [B, T, H*dh]
+            output = mixed @ self.wo.value  # [B, T, D]
             _require_finite(NonFiniteAttention, "attention output", output)
-        return PreparedRow(output=output[:, None, :], key=key, value=value)
+        return PreparedRows(output=output, keys=key, values=value)
+
+    def _project(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Queries ``[B, H, T, dh]``, keys and values ``[B, KV, T, dh]`` of rows ``x [B, T, D]``."""
+        batch, tokens, _ = x.shape
+
+        def heads_first(y: np.ndarray, heads: int) -> np.ndarray:
+            split: np.ndarray = y.reshape(batch, tokens, heads, self.head_width).transpose(0, 2, 1, 3)
+            return split
+
+        return (heads_first(x @ self.wq.value, self.heads), heads_first(x @ self.wk.value, self.kv_heads),
+                heads_first(x @ self.wv.value, self.kv_heads))
 
     # -- the cache-free path -------------------------------------------------------------------------
 
-    def forward_full(self, x: np.ndarray) -> np.ndarray:
+    def forward_full(self, x: np.ndarray, window: int | None = None) -> np.ndarray:
         """Causal attention over every position of ``x [B, T, D]``, recomputed from scratch."""
         if not isinstance(x, np.ndarray) or x.dtype != np.float64:
             raise InputDtypeError(f"{type(x).__name__} of {getattr(x, 'dtype', 'no dtype')}")
@@ -150,39 +164,40 @@ class AttentionLayer:
             raise InputRankError(x.ndim)
         if x.shape[2] != self.model_width:
             raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
-        batch, tokens, _ = x.shape
-        heads, kv_heads, dh, group = self.heads, self.kv_heads, self.head_width, self.group_size
-        positions = np.arange(tokens)
-        query = (x @ self.wq.value).reshape(batch, tokens, heads, dh).transpose(0, 2, 1, 3)  # [B, H, T, dh]
-        key = (x @ self.wk.value).reshape(batch, tokens, kv_heads, dh).transpose(0, 2, 1, 3)  # [B, KV, T, dh]
-        value = (x @ self.wv.value).reshape(batch, tokens, kv_heads, dh).transpose(0, 2, 1, 3)
-        query = self.rope.rotate(query, positions).reshape(batch, kv_heads, group, tokens, dh)
-        key = self.rope.rotate(key, positions)[:, :, None]  # [B, KV, 1, T, dh]
-        scores = query @ key.swapaxes(-1, -2) / math.sqrt(dh)  # [B, KV, G, T, T]
-        scores[..., np.triu(np.ones((tokens, tokens), dtype=bool), k=1)] = -np.inf
-        weights = _softmax(scores)
-        mixed = weights @ value[:, :, None]  # [B, KV, G, T, dh]
-        merged = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * dh)
-        output: np.ndarray = merged @ self.wo.value  # [B, T, D]
+        positions = np.arange(x.shape[1])
+        query, key, value = self._project(x)
+        query, key = self.rope.rotate(query, positions), self.rope.rotate(key, positions)
+        nothing = np.zeros((*key.shape[:2], 0, self.head_width))  # no stored rows
+        mixed = _attend(query, key, value, positions, nothing, nothing, positions[:0], window=window)
+        output: np.ndarray = mixed @ self.wo.value  # [B, T, D]
         return output
 
 
-def _attend_one_query(query: np.ndarray, key: np.ndarray, value: np.ndarray,
-                      stored_keys: np.ndarray, stored_values: np.ndarray) -> np.ndarray:
-    """One query row per head over the stored prefix plus the candidate row.
+def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np.ndarray,
+            stored_keys: np.ndarray, stored_values: np.ndarray, stored_positions: np.ndarray,
+            window: int | None) -> np.ndarray:
+    """New query rows over the stored rows plus the new rows, causally (and within ``window``).
 
-    ``query [B, H, dh]``, ``key``/``value [B, KV, dh]``, stored ``[B, KV, L, dh]``.
-    Reads every stored row once, copies none of them.
+    ``query [B, H, T, dh]``, ``key``/``value [B, KV, T, dh]`` at ``positions [T]``;
+    stored ``[B, KV, n, dh]`` at ``stored_positions [n]``. Returns ``[B, T, H*dh]``.
+    Reads every stored row once and copies none of them.
     """
-    batch, kv_heads, length, dh = stored_keys.shape
-    grouped = query.reshape(batch, kv_heads, -1, dh)  # [B, KV, G, dh]; head h -> kv head h // G
+    batch, heads, tokens, dh = query.shape
+    kv_heads, stored = key.shape[1], stored_keys.shape[2]
+    grouped = query.reshape(batch, kv_heads, -1, tokens, dh)  # [B, KV, G, T, dh]; head h -> kv head h // G
     scores = np.concatenate([
-        grouped @ stored_keys.swapaxes(-1, -2),  # [B, KV, G, L]
-        np.einsum("bkgd,bkd->bkg", grouped, key)[..., None],  # [B, KV, G, 1]
+        grouped @ stored_keys[:, :, None].swapaxes(-1, -2),  # [B, KV, G, T, n]
+        grouped @ key[:, :, None].swapaxes(-1, -2),  # [B, KV, G, T, T]
     ], axis=-1) / math.sqrt(dh)
-    weights = _softmax(scores)  # [B, KV, G, L+1]
-    mixed = weights[..., :length] @ stored_values + weights[..., length:] * value[:, :, None, :]  # [B, KV, G, dh]
-    merged: np.ndarray = mixed.reshape(batch, -1)  # [B, H*dh]
+    key_positions = np.concatenate([stored_positions, positions])  # [n + T]
+    visible = key_positions[None, :] <= positions[:, None]  # [T, n + T]
+    if window is not None:
+        visible &= key_positions[None, :] > positions[:, None] - window
+    if not visible.all():
+        scores = np.where(visible, scores, -np.inf)
+    weights = _softmax(scores)  # [B, KV, G, T, n + T]
+    mixed = weights[..., :stored] @ stored_values[:, :, None] + weights[..., stored:] @ value[:, :, None]
+    merged: np.ndarray = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, -1)
     return merged
 
 

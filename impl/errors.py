@@ -109,6 +109,19 @@ class InputWidthMismatch(KvCacheError):
         super().__init__(f"input width must equal the model width {expected}, got {actual}")
 
 
+class InvalidTokens(KvCacheError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"invalid token ids: {problem}; pass a non-empty list or 1-D integer array of "
+                         "ids in [0, vocab)")
+
+
+class InvalidStoreArgument(KvCacheError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"invalid prefix-store argument: {problem}")
+
+
 # -- the layer/cache binding ----------------------------------------------------------------------
 
 class CacheGeometryMismatch(KvCacheError):

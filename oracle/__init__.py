@@ -3,21 +3,43 @@
 Imports neither ``impl`` nor ``properties``.
 """
 
-from .attention import AttentionTrace, full_prefix_attention, rope_rotate, softmax
+from .attention import AttentionTrace, ExactAttention, causal_attention, full_prefix_attention, rope_rotate, softmax
 from .config import ROPE_STYLES, AttentionWeights, OracleInputError, RopeConfig, RopeStyle
+from .decoder import (
+    PRESETS,
+    DecoderConfig,
+    DecoderTrace,
+    DecoderWeights,
+    PositionConvention,
+    full_decoder,
+    greedy_generate,
+    random_decoder_weights,
+    sinusoid,
+)
 from .numbers import FLOAT64, NumberSystem, mpmath_precision
 
 __all__ = [
     "FLOAT64",
+    "PRESETS",
     "ROPE_STYLES",
     "AttentionTrace",
     "AttentionWeights",
+    "DecoderConfig",
+    "DecoderTrace",
+    "DecoderWeights",
+    "ExactAttention",
     "NumberSystem",
     "OracleInputError",
+    "PositionConvention",
     "RopeConfig",
     "RopeStyle",
+    "causal_attention",
+    "full_decoder",
     "full_prefix_attention",
+    "greedy_generate",
     "mpmath_precision",
+    "random_decoder_weights",
     "rope_rotate",
+    "sinusoid",
     "softmax",
 ]

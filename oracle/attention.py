@@ -67,6 +67,55 @@ def softmax(scores: Vector, numbers: NumberSystem) -> Vector:
     return [e / total for e in exps]
 
 
+@dataclass(frozen=True, eq=False)
+class ExactAttention:
+    """One sequence's attention in the oracle's own scalars (no rounding to float64).
+
+    ``outputs [T][D]``; ``keys`` (rotated) and ``values`` ``[KV][T][dh]``.
+    """
+
+    outputs: list[Vector]
+    keys: list[list[Vector]]
+    values: list[list[Vector]]
+
+
+def causal_attention(rows: list[Vector], weights: AttentionWeights, rope: RopeConfig, *,
+                     window: int | None = None, numbers: NumberSystem = FLOAT64) -> ExactAttention:
+    """Causal attention over one sequence ``rows [T][D]`` of ``numbers`` scalars.
+
+    Position ``i`` attends to keys ``0..i`` (with a sliding ``window`` W, to
+    ``i-W+1..i``). Scores are ``q . k / sqrt(dh)`` with ``q`` and ``k`` rotated
+    at their own absolute positions.
+    """
+    if window is not None and window < 1:
+        raise OracleInputError(f"window must be >= 1, got {window}")
+    heads, kv_heads, dh = weights.heads, weights.kv_heads, weights.head_width
+    wq, wk, wv, wo = (_matrix(w, numbers) for w in (weights.wq, weights.wk, weights.wv, weights.wo))
+    scale = numbers.sqrt(numbers.number(float(dh)))
+    tokens = len(rows)
+    q_rows = [project(row, wq) for row in rows]  # [T][H*dh]
+    k_rows = [project(row, wk) for row in rows]  # [T][KV*dh]
+    v_rows = [project(row, wv) for row in rows]  # [T][KV*dh]
+    # rotated keys and plain values per kv head: [KV][T][dh]
+    keys = [[rope_rotate(_head(k_rows[t], g, dh), t, rope, numbers) for t in range(tokens)]
+            for g in range(kv_heads)]
+    values = [[_head(v_rows[t], g, dh) for t in range(tokens)] for g in range(kv_heads)]
+    outputs = []
+    for i in range(tokens):
+        first = 0 if window is None else max(0, i - window + 1)
+        merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
+        for h in range(heads):
+            g = h // weights.group_size  # the kv head this query head reads
+            q = rope_rotate(_head(q_rows[i], h, dh), i, rope, numbers)
+            scores = [_dot(q, keys[g][j]) / scale for j in range(first, i + 1)]
+            attention = softmax(scores, numbers)
+            for f in range(dh):
+                merged.append(sum((a * values[g][j][f] for a, j in zip(attention, range(first, i + 1))),
+                                  start=attention[0] * 0))
+        outputs.append(project(merged, wo))
+    return ExactAttention(outputs=outputs, keys=keys, values=values)
+
+
 def full_prefix_attention(
     x: np.ndarray,
     weights: AttentionWeights,
@@ -75,53 +124,26 @@ def full_prefix_attention(
     window: int | None = None,
     numbers: NumberSystem = FLOAT64,
 ) -> AttentionTrace:
-    """Causal multi-head (GQA/MQA) attention over every position of ``x [B, T, D]``.
-
-    Position ``i`` attends to keys ``0..i`` (with a sliding ``window`` W, to
-    ``i-W+1..i``). Scores are ``q . k / sqrt(dh)`` with ``q`` and ``k`` rotated
-    at their own absolute positions.
-    """
+    """``causal_attention`` for every sequence of a float64 batch ``x [B, T, D]``, rounded to float64."""
     if not isinstance(x, np.ndarray) or x.dtype != np.float64 or x.ndim != 3:
         raise OracleInputError("x must be a float64 array of shape [B, T, D]")
     if x.shape[2] != weights.model_width:
         raise OracleInputError(f"x width {x.shape[2]} != model width {weights.model_width}")
-    if window is not None and window < 1:
-        raise OracleInputError(f"window must be >= 1, got {window}")
     batch, tokens, _ = x.shape
-    heads, kv_heads, dh = weights.heads, weights.kv_heads, weights.head_width
-    wq, wk, wv, wo = (_matrix(w, numbers) for w in (weights.wq, weights.wk, weights.wv, weights.wo))
-    scale = numbers.sqrt(numbers.number(float(dh)))
-
     outputs = np.empty(x.shape)
-    keys = np.empty((batch, kv_heads, tokens, dh))
-    values = np.empty((batch, kv_heads, tokens, dh))
+    keys = np.empty((batch, weights.kv_heads, tokens, weights.head_width))
+    values = np.empty_like(keys)
     for b in range(batch):
         rows = [[numbers.number(float(v)) for v in x[b, t]] for t in range(tokens)]
-        q_rows = [project(row, wq) for row in rows]  # [T][H*dh]
-        k_rows = [project(row, wk) for row in rows]  # [T][KV*dh]
-        v_rows = [project(row, wv) for row in rows]  # [T][KV*dh]
-        # rotated keys and plain values per kv head: [KV][T][dh]
-        k_heads = [[rope_rotate(_head(k_rows[t], g, dh), t, rope, numbers) for t in range(tokens)]
-                   for g in range(kv_heads)]
-        v_heads = [[_head(v_rows[t], g, dh) for t in range(tokens)] for g in range(kv_heads)]
-        for g in range(kv_heads):
-            for t in range(tokens):
-                keys[b, g, t] = [numbers.to_float(v) for v in k_heads[g][t]]
-                values[b, g, t] = [numbers.to_float(v) for v in v_heads[g][t]]
-        for i in range(tokens):
-            first = 0 if window is None else max(0, i - window + 1)
-            merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
-            for h in range(heads):
-                g = h // weights.group_size  # the kv head this query head reads
-                q = rope_rotate(_head(q_rows[i], h, dh), i, rope, numbers)
-                scores = [_dot(q, k_heads[g][j]) / scale for j in range(first, i + 1)]
-                attention = softmax(scores, numbers)
-                for f in range(dh):
-                    merged.append(sum((a * v_heads[g][j][f]
-                                       for a, j in zip(attention, range(first, i + 1))),
-                                      start=attention[0] * 0))
-            outputs[b, i] = [numbers.to_float(v) for v in project(merged, wo)]
+        exact = causal_attention(rows, weights, rope, window=window, numbers=numbers)
+        outputs[b] = _rounded(exact.outputs, numbers)
+        keys[b] = [_rounded(head, numbers) for head in exact.keys]
+        values[b] = [_rounded(head, numbers) for head in exact.values]
     return AttentionTrace(outputs=outputs, keys=keys, values=values)
+
+
+def _rounded(rows: list[Vector], numbers: NumberSystem) -> list[list[float]]:
+    return [[numbers.to_float(v) for v in row] for row in rows]
 
 
 def _matrix(array: np.ndarray, numbers: NumberSystem) -> list[Vector]:

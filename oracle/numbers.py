@@ -26,6 +26,7 @@ class NumberSystem:
     cos: Callable[[Any], Any]
     sin: Callable[[Any], Any]
     sqrt: Callable[[Any], Any]
+    tanh: Callable[[Any], Any]
     to_float: Callable[[Any], float]  # round back to float64 for comparison
     is_finite: Callable[[Any], bool]
 
@@ -37,6 +38,7 @@ FLOAT64 = NumberSystem(
     cos=math.cos,
     sin=math.sin,
     sqrt=math.sqrt,
+    tanh=math.tanh,
     to_float=float,
     is_finite=math.isfinite,
 )
@@ -59,6 +61,7 @@ def mpmath_precision(digits: int = 40) -> NumberSystem:
         cos=ctx.cos,
         sin=ctx.sin,
         sqrt=ctx.sqrt,
+        tanh=ctx.tanh,
         to_float=float,
         is_finite=lambda value: bool(ctx.isfinite(value)),
     )
