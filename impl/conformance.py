@@ -17,6 +17,8 @@ import numpy as np
 from . import __version__, errors
 from .attention import AttentionLayer
 from .cache import LayerKvCache
+from .decoder import Decoder, DecodeSession
+from .prefix_store import BlockRows, PrefixStore, QueryResult
 from .rope import RopeConfig
 
 ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
@@ -31,6 +33,7 @@ ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.CacheRopeMismatch: "rope_mismatch",
     errors.CacheFull: "full",
     errors.NonFiniteError: "non_finite",
+    errors.InvalidTokens: "invalid_tokens",
     errors.ZeroBatchSize: "zero_batch",
     errors.ZeroCapacity: "zero_capacity",
     errors.CapacityExceedsPositions: "capacity_exceeds_positions",
@@ -57,7 +60,8 @@ class ReferenceAdapter:
     capabilities = frozenset({
         "float64", "input_validation", "non_finite_rejection", "binding_checks", "fixed_capacity",
         "creation_errors", "gqa", "rope_interleaved", "rope_half_split", "partial_rotary",
-        "physical_storage",
+        "physical_storage", "decode_session", "prefix_store", "sliding_window", "positions_sinusoidal",
+        "positions_rope",
     })
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
@@ -90,6 +94,46 @@ class ReferenceAdapter:
             length=cache.length, keys=cache.keys(), values=cache.values(),
             physical_keys=keys.copy(), physical_values=values.copy(),
             buffer_identity=(keys.__array_interface__["data"][0], values.__array_interface__["data"][0]))
+
+    # -- the decoder (SPEC §4-5) ---------------------------------------------------------------------
+
+    def create_decoder(self, config: Any, weights: Any) -> Decoder:
+        rope = config.rope
+        return Decoder.from_arrays(weights.embedding, [(b.wq, b.wk, b.wv, b.wo) for b in weights.blocks],
+                                   heads=config.heads, kv_heads=config.kv_heads,
+                                   rope=RopeConfig(rope.style, rope.base, rope.rotary_width, rope.max_positions),
+                                   positions=config.positions, window=config.window,
+                                   sinusoid_base=config.sinusoid_base)
+
+    def update_block_weights(self, decoder: Decoder, block: int, weights: Any) -> None:
+        self.update_weights(decoder.blocks[block], weights)
+
+    def create_session(self, decoder: Decoder, capacity: int) -> DecodeSession:
+        return DecodeSession(decoder, capacity)
+
+    def prefill(self, session: DecodeSession, tokens: Any) -> np.ndarray:
+        return session.prefill(tokens)
+
+    def decode(self, session: DecodeSession, token: Any) -> np.ndarray:
+        return session.decode(token)
+
+    def reset_session(self, session: DecodeSession) -> None:
+        session.reset()
+
+    def session_state(self, session: DecodeSession) -> tuple[BlockRows, ...]:
+        return tuple(BlockRows(c.keys()[0], c.values()[0], c.positions()) for c in session.caches)
+
+    def create_store(self, capacity: int) -> PrefixStore:
+        return PrefixStore(capacity)
+
+    def store_prefill(self, store: PrefixStore, decoder: Decoder, scope: str, tokens: Any) -> QueryResult:
+        return store.prefill(decoder, scope, tokens)
+
+    def store_query(self, store: PrefixStore, decoder: Decoder, scope: str, tokens: Any) -> QueryResult:
+        return store.query(decoder, scope, tokens)
+
+    def store_entries(self, store: PrefixStore) -> list[Any]:
+        return store.entries()
 
     def error_kind(self, error: BaseException) -> str | None:
         for error_type, kind in ERROR_KINDS.items():

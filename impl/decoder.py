@@ -154,10 +154,10 @@ class DecodeSession:
 
     def _advance(self, tokens: np.ndarray) -> np.ndarray:
         """Prepare every block, then commit every block: all or nothing."""
-        if self.length + len(tokens) > self.capacity:
-            raise CacheFull(self.capacity)
         for block, cache in zip(self.model.blocks, self.caches):
             cache.check_binding(block)  # parameters may have been written in place since creation
+        if self.length + len(tokens) > self.capacity:  # bindings first, then capacity, as in chapter 37
+            raise CacheFull(self.capacity)
         hidden = self.model.embed(tokens, self.caches[0].next_position)  # [1, T, D]
         prepared: list[PreparedRows] = []
         for block, cache in zip(self.model.blocks, self.caches):

@@ -11,7 +11,7 @@ rule an invariant compares the cache's contents with the oracle.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from hypothesis import note, target
@@ -44,12 +44,6 @@ MALFORMATIONS = {
 class LayerCacheMachine(RuleBasedStateMachine):
     """Drive one layer and its cache at random; check every step against the oracle."""
 
-    # For the mutant report: examples run, the example that first failed, steps of the latest run
-    # (after a failure, Hypothesis replays the shrunk program last).
-    runs: ClassVar[int] = 0
-    first_failing_run: ClassVar[int | None] = None
-    last_run_steps: ClassVar[int] = 0
-
     def __init__(self, adapter: KvCacheAdapter, numbers: NumberSystem = FLOAT64,
                  tolerance: float = s.TOLERANCE, style: str | None = None, grouped: bool | None = None) -> None:
         super().__init__()
@@ -59,10 +53,6 @@ class LayerCacheMachine(RuleBasedStateMachine):
         self.physical = Capability.PHYSICAL_STORAGE.value in self.capabilities
         self.worst_error = 0.0
         self._facts: tuple[AttentionWeights | None, dict[str, list[Any]]] = (None, {})
-        if NonConformance.raised and type(self).first_failing_run is None:
-            type(self).first_failing_run = type(self).runs
-        type(self).runs += 1
-        type(self).last_run_steps = 0
 
     def has(self, capability: Capability) -> bool:
         return capability.value in self.capabilities
@@ -120,7 +110,6 @@ class LayerCacheMachine(RuleBasedStateMachine):
     def _step(self, x: np.ndarray, expected: ErrorKind | None, what: str, layer: Any = None,
               cache: Any = None) -> Any:
         """One adapter step; on rejection, prove nothing observable changed."""
-        type(self).last_run_steps += 1
         layer = self.layer if layer is None else layer
         cache = self.cache if cache is None else cache
         before = self._snapshot(cache, what) if expected is not None else None
@@ -221,8 +210,8 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and self.facts["isolated overflows"])
     @rule(data=st.data())
-    def append_row_overflowing_only_key_or_value(self, data: st.DataObject) -> None:
-        """The key overflows and the value does not, or the other way round: still nothing is written."""
+    def append_row_overflowing_one_projection(self, data: st.DataObject) -> None:
+        """Only the key, only the value or only the query overflows: still nothing is written."""
         name, column, row = data.draw(st.sampled_from(self.facts["isolated overflows"]), label="target")
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._expected(non_finite=True), f"append a row overflowing only {name} feature {column}")
@@ -311,7 +300,6 @@ class LayerCacheMachine(RuleBasedStateMachine):
     @rule()
     def reset(self) -> None:
         """Length 0; same buffers, same bytes, same bindings (a stale cache stays stale)."""
-        type(self).last_run_steps += 1
         before = self._snapshot(self.cache, "reset")
         expect_success(call(self.adapter, "reset", lambda: self.adapter.reset(self.cache)), "reset")
         after = self._snapshot(self.cache, "reset")
@@ -326,7 +314,6 @@ class LayerCacheMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def update_weights_in_place(self, data: st.DataObject) -> None:
         """An optimiser-like write into the same parameters (possibly of identical values)."""
-        type(self).last_run_steps += 1
         new = data.draw(s.weight_updates(self.weights), label="new weights")
         copied = AttentionWeights(new.wq.copy(), new.wk.copy(), new.wv.copy(), new.wo.copy(),
                                   heads=new.heads, kv_heads=new.kv_heads)
@@ -342,7 +329,6 @@ class LayerCacheMachine(RuleBasedStateMachine):
     @rule()
     def replace_cache(self) -> None:
         """A fresh cache for the layer as it is now."""
-        type(self).last_run_steps += 1
         self._new_cache()
 
     # -- after every rule -----------------------------------------------------------------------------

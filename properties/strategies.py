@@ -19,7 +19,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from oracle import ROPE_STYLES, AttentionWeights, RopeConfig
+from oracle import ROPE_STYLES, AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
 from .protocol import Capability
 
@@ -167,23 +167,27 @@ def overflowing_row(weights: AttentionWeights, name: str, column: int) -> np.nda
 
 
 def isolated_overflows(weights: AttentionWeights) -> list[tuple[str, int, np.ndarray]]:
-    """Finite rows ``[D]`` that overflow one key (or value) column and leave every value (or key) finite.
+    """Finite rows ``[D]`` that overflow one column of one projection and leave the others finite.
 
-    With ``w`` the target column and ``u`` its part orthogonal to every column
-    of the other projection, the row ``1.5 * max * u / |u|^2`` has
-    ``row . w = 1.5 max`` (up to a relative ``D * eps * |w| / |u|``, kept tiny
-    by requiring ``|u| >= |w| / 10``) and ``row . o = 0`` for each other column
-    ``o`` (up to rounding far below the float64 maximum). Needs ``D > KV * dh``.
+    Key against value, value against key, and the query against both (so that
+    nothing to be stored overflows, only what is computed from it). With ``w``
+    the target column and ``u`` its part orthogonal to every column of the
+    other projections, the row ``1.25 * max * u / |u|^2`` has ``row . w =
+    1.25 max`` (up to a relative ``D * eps * |w| / |u|``, kept tiny by requiring
+    ``|u| >= |w| / 10``) and ``row . o = 0`` for each other column ``o`` (up to
+    rounding far below the float64 maximum); every entry of the row stays below
+    ``max / 1.5``. Needs ``D`` above the other projections' total width.
     """
     rows = []
-    for name, matrix, other in (("key", weights.wk, weights.wv), ("value", weights.wv, weights.wk)):
+    for name, matrix, other in (("key", weights.wk, weights.wv), ("value", weights.wv, weights.wk),
+                                ("query", weights.wq, np.hstack([weights.wk, weights.wv]))):
         for column in range(matrix.shape[1]):
             w = matrix[:, column]
             u = w - other @ np.linalg.lstsq(other, w, rcond=None)[0]
             norm2 = float(u @ u)
-            if norm2 == 0.0 or norm2 < float(w @ w) / 100 or np.abs(u).max() > norm2 / 3:
-                continue  # no usable orthogonal part, or the row would not stay below max / 2
-            rows.append((name, column, (1.5 / norm2) * FLOAT64_MAX * u))
+            if norm2 == 0.0 or norm2 < float(w @ w) / 100 or 1.25 * 1.5 * np.abs(u).max() > norm2:
+                continue  # no usable orthogonal part, or the row would not stay below max / 1.5
+            rows.append((name, column, (1.25 / norm2) * FLOAT64_MAX * u))
     return rows
 
 
@@ -205,3 +209,53 @@ def peak_features(weights: AttentionWeights) -> list[tuple[int, float]]:
             if scale <= PEAK_MAX_INPUT:
                 features.append((j, scale))
     return features
+
+
+# -- the decoder of SPEC §4-5 -------------------------------------------------------------------------
+# Small untrained decoders (embedding ~ N(0, 1), projections ~ N(0, 1/D)): logits stay below ~50, so
+# 1e-12 absolute holds with the same margin as above.
+
+MAX_VOCAB, MAX_BLOCKS, MAX_SEQUENCE = 24, 3, 12
+
+
+@st.composite
+def decoder_configs(draw: st.DrawFn, capabilities: frozenset[str], windowed: bool | None = None) -> DecoderConfig:
+    """A decoder the implementation claims to support; ``windowed`` forces or forbids a sliding window."""
+    conventions = [c for c in ("sinusoidal", "rope") if f"positions_{c}" in capabilities]
+    if not conventions:
+        raise ValueError("the adapter declares no position convention (positions_sinusoidal / positions_rope)")
+    heads = draw(st.integers(1, 2), label="heads")
+    grouped = Capability.GQA.value in capabilities and heads > 1 and draw(st.booleans(), label="grouped")
+    window = None
+    if windowed or (windowed is None and Capability.SLIDING_WINDOW.value in capabilities
+                    and draw(st.booleans(), label="windowed")):
+        window = draw(st.integers(1, 6), label="window")
+    styles = [s for s in ROPE_STYLES if f"rope_{s}" in capabilities] or ["interleaved"]
+    head_width = draw(st.sampled_from([2, 4, 6]), label="head_width")
+    return DecoderConfig(
+        vocab=draw(st.integers(2, MAX_VOCAB), label="vocab"), model_width=heads * head_width,
+        blocks=draw(st.integers(1, MAX_BLOCKS), label="blocks"), heads=heads, kv_heads=1 if grouped else heads,
+        positions=draw(st.sampled_from(conventions), label="positions"), window=window,
+        rope_style=draw(st.sampled_from(styles), label="rope style"), rope_base=draw(rope_bases(), label="base"))
+
+
+def token_lists(vocab: int, min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, vocab - 1), min_size=min_size, max_size=max_size)
+
+
+def invalid_token_sequences(vocab: int) -> st.SearchStrategy[tuple[str, object]]:
+    """(what is wrong, the sequence): each must be rejected with ``invalid_tokens``."""
+    return st.sampled_from([
+        ("an integral float", [1.0]), ("a bool", [True]), ("an id equal to vocab", [vocab]), ("a negative id", [-1]),
+        ("nothing", []), ("a nested list", [[0]]), ("a float array", np.array([0.0, 1.0])),
+        ("a 2-D array", np.zeros((1, 2), dtype=np.int64)), ("a string", "01"),
+    ])
+
+
+@st.composite
+def block_update(draw: st.DrawFn, weights: DecoderWeights) -> tuple[int, AttentionWeights]:
+    """One block and new values for its four parameters (an optimiser step on that layer)."""
+    block = draw(st.integers(0, len(weights.blocks) - 1), label="block")
+    old = weights.blocks[block]
+    new = [w + draw(seeded_arrays(w.shape, 0.1)) for w in (old.wq, old.wk, old.wv, old.wo)]
+    return block, AttentionWeights(*new, heads=old.heads, kv_heads=old.kv_heads)

@@ -10,10 +10,13 @@ third-party implementation.
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 IMPL = Path(__file__).resolve().parent.parent / "impl"
 
@@ -24,6 +27,7 @@ class Mutant:
     file: str
     edits: tuple[tuple[str, str], ...]
     why: str
+    machine: str = "layer cache"  # the machine that must kill it: layer cache, session or prefix store
 
 
 MUTANTS = (
@@ -120,6 +124,50 @@ MUTANTS = (
            (("        self._validate_request(x, cache)\n",
              "        x = np.asarray(x).real.astype(np.float64)\n        self._validate_request(x, cache)\n"),),
            "silently converts integer and complex rows to float64"),
+    # -- the decode session and the prefix store (SPEC §4-5) --
+    Mutant("stale_next_position", "prefix_store.py",
+           (("return _continue(model, ids, entry, cut, cut, scope, signature, index)",
+             "return _continue(model, ids, entry, cut, entry.next_position if entry else cut, scope, signature, "
+             "index)"),),
+           "trims K/V and positions to the cut but resumes at the entry's old next_position (the seed's control)",
+           "prefix store"),
+    Mutant("equal_ids_after_difference_reused", "prefix_store.py",
+           (("        if x != y:\n            break\n", "        if x != y:\n            continue\n"),),
+           "counts equal ids after the first difference as common prefix", "prefix store"),
+    Mutant("sliding_window_partial_reuse", "prefix_store.py",
+           (("if entry.windowed and not (common == len(entry.tokens) < len(tokens)):", "if False:"),),
+           "reuses part of a sliding-window entry whose early rows are gone", "prefix store"),
+    Mutant("scope_ignored", "prefix_store.py",
+           (("if entry.scope != scope or entry.signature != signature:", "if entry.signature != signature:"),),
+           "reuses entries of another scope", "prefix store"),
+    Mutant("weights_ignored_in_signature", "prefix_store.py",
+           (("        digest.update(np.ascontiguousarray(parameter.value).tobytes())\n", ""),),
+           "the signature leaves out the weights' values", "prefix store"),
+    Mutant("ties_to_the_oldest", "prefix_store.py",
+           (("for index in reversed(range(len(self._entries))):", "for index in range(len(self._entries)):"),),
+           "hands ties to the oldest entry", "prefix store"),
+    Mutant("integral_float_token_accepted", "decoder.py",
+           (("not isinstance(t, (int, np.integer))]", "not isinstance(t, (int, np.integer, float))]"),),
+           "accepts 1.0 as token id 1", "prefix store"),
+    Mutant("returned_entries_alias_stored_arrays", "prefix_store.py",
+           (("return [_copy(entry) for entry in self._entries]", "return list(self._entries)"),),
+           "entries() hands out the stored arrays themselves", "prefix store"),
+    Mutant("empty_suffix_on_full_hit", "prefix_store.py",
+           (("cut = min(common, len(tokens) - 1)", "cut = common"),),
+           "reuses the whole query, leaving nothing to compute the last logits from", "prefix store"),
+    Mutant("evicts_the_newest", "prefix_store.py",
+           (("del self._entries[:-self.capacity]", "del self._entries[self.capacity:]"),),
+           "a full store drops the new entry instead of the oldest", "prefix store"),
+    Mutant("session_commits_block_by_block", "decoder.py",
+           (("        for block, cache in zip(self.model.blocks, self.caches):\n"
+             "            cache.check_binding(block)  # parameters may have been written in place since creation\n",
+             ""),
+            ("            rows = block.prepare(hidden, cache)\n",
+             "            cache.check_binding(block)\n            rows = block.prepare(hidden, cache)\n"
+             "            cache._commit(rows.keys, rows.values)\n"),
+            ("        for cache, rows in zip(self.caches, prepared):  # nothing below can fail\n"
+             "            cache._commit(rows.keys, rows.values)\n", "")),
+           "commits block 1 before block 2 has been checked and computed", "session"),
 )
 
 
@@ -159,24 +207,61 @@ FAMILIES = (("interleaved", False), ("half_split", False), ("interleaved", True)
 
 
 def kill(mutant: Mutant, directory: Path) -> Kill | None:
-    """Run the layer-cache machine under the ``ci`` profile against ``mutant``; None if it survives."""
+    """Run the mutant's machine under the ``ci`` profile against it; None if it survives."""
     from hypothesis import settings
-    from hypothesis.stateful import run_state_machine_as_test
+    from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
     from properties import selection
     from properties.layer_cache import LayerCacheMachine
+    from properties.prefix_store import PrefixStoreMachine
+    from properties.session import SessionMachine
     from properties.verdict import NonConformance
 
-    adapter = selection.load_adapter(build(mutant, directory))
+    adapter: Any = selection.load_adapter(build(mutant, directory))
     ci = settings(settings.get_profile("ci"), database=None, report_multiple_bugs=False, print_blob=False)
-    for style, grouped in FAMILIES:
-        LayerCacheMachine.runs, LayerCacheMachine.first_failing_run = 0, None
-        NonConformance.raised = 0
+    runs: list[tuple[str, Callable[[], RuleBasedStateMachine]]]
+    if mutant.machine == "layer cache":
+        runs = [(f"{style}/{'gqa' if grouped else 'mha'}",
+                 lambda style=style, grouped=grouped: LayerCacheMachine(adapter, style=style, grouped=grouped))
+                for style, grouped in FAMILIES]
+    elif mutant.machine == "session":
+        runs = [("session", lambda: SessionMachine(adapter))]
+    else:
+        runs = [(f"store/{'window' if windowed else 'full'}",
+                 lambda windowed=windowed: PrefixStoreMachine(adapter, windowed=windowed))
+                for windowed in (False, True)]
+    for family, factory in runs:
+        counted = _CountedRuns(factory)
         try:
-            run_state_machine_as_test(
-                lambda: LayerCacheMachine(adapter, style=style, grouped=grouped), settings=ci)
+            run_state_machine_as_test(counted.make, settings=ci)
         except NonConformance as failure:
-            first = LayerCacheMachine.first_failing_run or LayerCacheMachine.runs
-            return Kill(mutant.name, f"{style}/{'gqa' if grouped else 'mha'}", first, LayerCacheMachine.runs,
-                        LayerCacheMachine.last_run_steps, str(failure).splitlines()[0])
+            return Kill(mutant.name, family, counted.first_failing or counted.runs, counted.runs,
+                        _program_length(failure, type(counted.last)), str(failure).splitlines()[0])
     return None
+
+
+class _CountedRuns:
+    """Builds the machines Hypothesis asks for, counting them and noting the first that failed."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        from properties.verdict import NonConformance
+
+        self.factory, self.runs, self.first_failing, self.last = factory, 0, None, None
+        self._failures = NonConformance
+        NonConformance.raised = 0
+
+    def make(self) -> Any:
+        if self._failures.raised and self.first_failing is None:
+            self.first_failing = self.runs
+        self.runs += 1
+        self.last = self.factory()
+        return self.last
+
+
+def _program_length(failure: BaseException, machine: type) -> int:
+    """Rules in the shrunk program Hypothesis printed (set-up, invariants and teardown not counted)."""
+    from hypothesis.stateful import RULE_MARKER
+
+    rules = {name for name in dir(machine) if hasattr(getattr(machine, name, None), RULE_MARKER)}
+    calls = (re.match(r"state\.(\w+)\(", line) for line in getattr(failure, "__notes__", []))
+    return sum(1 for call in calls if call and call.group(1) in rules)

@@ -1,0 +1,214 @@
+"""The stateful conformance machine for the longest-common-prefix store (SPEC §5, §6).
+
+The model side is the list of entries the store must hold (scope, the weights
+they were computed with, tokens), oldest first, and the rules of SPEC §5
+restated here independently (``expected_cut``). Queries are built from the
+stored prefixes by extension, truncation and edits -- including edits after
+which later ids are equal again -- under several scopes and weights; returned
+arrays get scribbled on. Every result must equal the oracle's full
+recomputation from the expected cut, and after every rule the entries must be
+exactly the model's, with the oracle's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from oracle import FLOAT64, DecoderWeights, NumberSystem, full_decoder, random_decoder_weights
+
+from . import strategies as s
+from .protocol import BlockState, DecoderAdapter, ErrorKind, StoreEntry
+from .session import blocks_match_oracle
+from .verdict import NonConformance, assert_close, call, expect_rejection, expect_success
+
+SCOPES = ("app", "other app")
+
+
+@dataclass(frozen=True)
+class Entry:
+    scope: str
+    signature: str
+    tokens: tuple[int, ...]
+    weights: DecoderWeights
+
+
+def signature(weights: DecoderWeights) -> str:
+    """The weights' content: decoders with equal weights (and configuration) compute the same rows."""
+    digest = hashlib.sha256()
+    for array in (weights.embedding, *(w for b in weights.blocks for w in (b.wq, b.wk, b.wv, b.wo))):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Contiguous from the start: equal ids after the first difference do not count."""
+    length = 0
+    while length < min(len(a), len(b)) and a[length] == b[length]:
+        length += 1
+    return length
+
+
+def expected_reuse(entries: list[Entry], scope: str, key: str, tokens: Sequence[int],
+                   windowed: bool) -> tuple[int | None, int]:
+    """SPEC §5: (index of the entry to reuse, cut). Same scope and signature only; a window entry only
+    when all of it matches and the query extends it; the longest, ties to the newest; never the whole
+    query, so at least the last token is recomputed."""
+    best: tuple[int | None, int] = (None, 0)
+    for index, entry in enumerate(entries):  # oldest first, so ">=" hands ties to the newest
+        if entry.scope != scope or entry.signature != key:
+            continue
+        common = common_prefix(entry.tokens, tokens)
+        if windowed and not common == len(entry.tokens) < len(tokens):
+            continue
+        cut = min(common, len(tokens) - 1)
+        if cut > 0 and cut >= best[1]:
+            best = (index, cut)
+    return best
+
+
+class PrefixStoreMachine(RuleBasedStateMachine):
+    """Prefills and queries under several scopes and weights, invalid queries, scribbled results."""
+
+    def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64, tolerance: float = s.TOLERANCE,
+                 windowed: bool | None = None) -> None:
+        super().__init__()
+        self.adapter, self.numbers, self.tolerance, self.windowed = adapter, numbers, tolerance, windowed
+        self.capabilities = frozenset(getattr(adapter, "capabilities", ()))
+
+    @initialize(data=st.data())
+    def build_store(self, data: st.DataObject) -> None:
+        self.config = data.draw(s.decoder_configs(self.capabilities, windowed=self.windowed), label="decoder")
+        seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2), label="seeds")
+        self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
+        self.decoders = []
+        for weights in self.weights:
+            what = "create a decoder"
+            self.decoders.append(expect_success(call(self.adapter, what, lambda w=weights: self.adapter.create_decoder(
+                self.config, w)), what))
+        self.capacity = data.draw(st.integers(1, 3), label="store capacity")
+        self.store = expect_success(call(self.adapter, "create the store", lambda: self.adapter.create_store(
+            self.capacity)), "create the store")
+        self.entries: list[Entry] = []  # oldest first
+
+    def _tokens(self, data: st.DataObject) -> list[int]:
+        """A query built from a stored prefix (extended, truncated or edited), or fresh."""
+        vocab = self.config.vocab
+        kinds = ["fresh"] + (["extend", "truncate", "edit", "edit and extend", "same"] if self.entries else [])
+        kind = data.draw(st.sampled_from(kinds), label="query kind")
+        if kind == "fresh":
+            return data.draw(s.token_lists(vocab, 1, 8), label="tokens")
+        base = list(data.draw(st.sampled_from(self.entries), label="from entry").tokens)
+        if kind in ("extend", "edit and extend"):
+            base += data.draw(s.token_lists(vocab, 1, 3), label="extension")
+        if kind == "truncate":
+            base = base[:data.draw(st.integers(1, len(base)), label="keep")]
+        if kind.startswith("edit") and vocab > 1:
+            at = data.draw(st.integers(0, len(base) - 1), label="edit at")
+            base[at] = data.draw(st.integers(0, vocab - 1).filter(lambda t: t != base[at]), label="new id")
+        return base[:s.MAX_SEQUENCE]
+
+    def _call(self, verb: str, data: st.DataObject) -> None:
+        scope = data.draw(st.sampled_from(SCOPES), label="scope")
+        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        tokens = self._tokens(data)
+        weights, key = self.weights[index], signature(self.weights[index])
+        reused, cut = (None, 0) if verb == "prefill" else expected_reuse(
+            self.entries, scope, key, tokens, self.config.window is not None)
+        what = f"{verb} {tokens} in scope {scope!r} with decoder {index}"
+        method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
+        result = expect_success(call(self.adapter, what, lambda: method(
+            self.store, self.decoders[index], scope, list(tokens))), what)
+        rows = 3 * self.config.blocks
+        reported = (result.entry, result.cut, result.rows_computed, result.full_rows)
+        expected = (reused, cut, rows * (len(tokens) - cut), rows * len(tokens))
+        if reported != expected:
+            raise NonConformance(f"{what}: entry/cut/rows/full rows {reported}, but the rules give {expected} "
+                                 f"(entries, oldest first: {[(e.scope, list(e.tokens)) for e in self.entries]})")
+        full = full_decoder(tokens, self.config, weights, numbers=self.numbers)
+        assert_close(np.asarray(result.logits), full.logits[cut:], tolerance=self.tolerance,
+                     what=f"{what}: logits from position {cut}", axes=("position", "token"))
+        self.last_logits = result.logits
+        if verb == "prefill":
+            self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights)][-self.capacity:]
+
+    @rule(data=st.data())
+    def prefill(self, data: st.DataObject) -> None:
+        self._call("prefill", data)
+
+    @rule(data=st.data())
+    def query(self, data: st.DataObject) -> None:
+        self._call("query", data)
+
+    @rule(data=st.data())
+    def invalid_query(self, data: st.DataObject) -> None:
+        """INVALID_TOKENS, and no entry, entry order or stored array changed."""
+        problem, tokens = data.draw(s.invalid_token_sequences(self.config.vocab), label="invalid tokens")
+        verb = data.draw(st.sampled_from(["prefill", "query"]), label="verb")
+        method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
+        what = f"{verb} with {problem}"
+        before = self._read_entries(what)
+        expect_rejection(call(self.adapter, what, lambda: method(self.store, self.decoders[0], "app", tokens)),
+                         ErrorKind.INVALID_TOKENS, what)
+        after = self._read_entries(what)
+        if [_entry_bytes(e) for e in before] != [_entry_bytes(e) for e in after]:
+            raise NonConformance(f"{what}: the store's entries changed, but a rejected query must change nothing")
+
+    @rule(data=st.data())
+    def update_weights_in_place(self, data: st.DataObject) -> None:
+        """The decoder's computation changes: its old entries no longer match its signature."""
+        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        block, new = data.draw(s.block_update(self.weights[index]), label="block update")
+        what = f"update decoder {index}'s block {block} in place"
+        expect_success(call(self.adapter, what, lambda: self.adapter.update_block_weights(
+            self.decoders[index], block, new)), what)
+        blocks = list(self.weights[index].blocks)
+        blocks[block] = new
+        self.weights[index] = replace(self.weights[index], blocks=tuple(blocks))  # type: ignore[misc]
+
+    @precondition(lambda self: self.entries)
+    @rule()
+    def scribble_on_returned_arrays(self) -> None:
+        """Whatever the store returned is the caller's: writing into it must not reach the store."""
+        for entry in self._read_entries("read the entries", copy=False):
+            for block in entry.blocks:
+                for array in (block.keys, block.values):
+                    if isinstance(array, np.ndarray) and array.flags.writeable:
+                        array[...] = np.nan
+        if isinstance(getattr(self, "last_logits", None), np.ndarray) and self.last_logits.flags.writeable:
+            self.last_logits[...] = np.nan
+
+    @invariant()
+    def entries_are_the_models(self) -> None:
+        entries = self._read_entries("after the last step")
+        described = [(e.scope, tuple(int(t) for t in e.tokens)) for e in entries]
+        if described != [(e.scope, e.tokens) for e in self.entries]:
+            raise NonConformance(f"the store holds {described}, but should hold, oldest first, "
+                                 f"{[(e.scope, e.tokens) for e in self.entries]}")
+        for index, (entry, model) in enumerate(zip(entries, self.entries)):
+            what = f"entry {index} ({model.scope!r}, {list(model.tokens)})"
+            if entry.next_position != len(model.tokens):
+                raise NonConformance(f"{what}: next_position {entry.next_position}, should be {len(model.tokens)}")
+            trace = full_decoder(list(model.tokens), self.config, model.weights, numbers=self.numbers)
+            blocks_match_oracle(tuple(entry.blocks), trace, self.config.window, len(model.tokens), self.tolerance, what)
+
+    def _read_entries(self, what: str, copy: bool = True) -> list[Any]:
+        entries = expect_success(call(self.adapter, what, lambda: self.adapter.store_entries(self.store)), what)
+        return [_copied(e) for e in entries] if copy else list(entries)
+
+
+def _copied(entry: Any) -> StoreEntry:
+    return StoreEntry(entry.scope, tuple(entry.tokens), tuple(
+        BlockState(np.array(b.keys), np.array(b.values), np.array(b.positions)) for b in entry.blocks),
+        int(entry.next_position))
+
+
+def _entry_bytes(entry: Any) -> tuple[Any, ...]:
+    return (entry.scope, tuple(entry.tokens), entry.next_position,
+            tuple((b.keys.tobytes(), b.values.tobytes(), b.positions.tobytes()) for b in entry.blocks))
