@@ -8,6 +8,9 @@
   implementation and against numpy copying the K/V bytes the step reads
   (the memory-bandwidth floor).
 - suite: wall time of ``pytest properties/`` with ``-n 0`` and ``-n 2``.
+- prefill: a 1,024-token prompt through the decode session in one chunk,
+  against feeding it token by token through Python (same results?).
+- store: prefix-store query time against the cut for a 2,048-token query.
 - mutants: for each mutant, the example at which the ``ci`` machine first
   failed, runs including shrinking, and the shrunk program's length.
 """
@@ -29,7 +32,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from impl import AttentionLayer, LayerKvCache, RopeConfig  # noqa: E402
+from impl import AttentionLayer, DecodeSession, LayerKvCache, RopeConfig  # noqa: E402
+from impl.conformance import make_adapter  # noqa: E402
+from impl.prefix_store import PrefixStore  # noqa: E402
+from oracle import DecoderConfig, random_decoder_weights  # noqa: E402
 
 
 def median_seconds(action: Callable[[], object], repeats: int) -> float:
@@ -61,10 +67,11 @@ def bench_step() -> None:
         def step() -> None:
             layer.forward_incremental(row, cache)
             cache._length -= 1  # benchmark only: rewind so every repeat runs at this length
+            cache._next_position -= 1
 
         step_s = median_seconds(step, 60)
         full_s = median_seconds(lambda: layer.forward_full(x[:, :length + 1]), 3 if length >= 2048 else 7)
-        keys, values = cache._prefix()
+        keys, values, _ = cache._prefix()
         key_copy, value_copy = np.empty_like(keys), np.empty_like(values)
 
         def copy() -> None:
@@ -115,7 +122,51 @@ def bench_mutants() -> None:
           + (f"; survived: {survivors}" if survivors else ""))
 
 
-BENCHES = {"step": bench_step, "suite": bench_suite, "mutants": bench_mutants}
+def seed_decoder(max_positions: int) -> tuple[DecoderConfig, object]:
+    """The seed's decoder (vocab 32, width 16, 2 blocks, 1 head), RoPE, long enough for the benchmark."""
+    config = DecoderConfig(positions="rope", max_positions=max_positions)
+    return config, make_adapter().create_decoder(config, random_decoder_weights(config, 7))
+
+
+def bench_prefill() -> None:
+    config, decoder = seed_decoder(1024)
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab, 1024)]
+    chunked, stepped = [], []
+
+    def prefill() -> None:
+        chunked.append(DecodeSession(decoder, 1024).prefill(tokens))  # type: ignore[arg-type]
+
+    def token_by_token() -> None:
+        session = DecodeSession(decoder, 1024)  # type: ignore[arg-type]
+        stepped.append(np.stack([session.decode(t) for t in tokens]))
+
+    prefill_s, stepped_s = median_seconds(prefill, 5), median_seconds(token_by_token, 3)
+    error = float(np.abs(chunked[-1] - stepped[-1]).max())
+    print("decode session, seed decoder with RoPE, a 1,024-token prompt (medians)")
+    print(f"  prefill in one chunk: {prefill_s * 1e3:8.1f} ms")
+    print(f"  token by token:       {stepped_s * 1e3:8.1f} ms   ({stepped_s / prefill_s:.1f}x slower)")
+    print(f"  max |logit difference|: {error:.2e}")
+
+
+def bench_store() -> None:
+    config, decoder = seed_decoder(2048)
+    rng = np.random.default_rng(2)
+    tokens = [int(t) for t in rng.integers(0, config.vocab, 2048)]
+    print("prefix store, seed decoder with RoPE, a 2,048-token query (medians)")
+    print(f"{'cut':>6} {'query ms':>9} {'rows':>6} {'full rows':>9}")
+    for cut in (0, 512, 1024, 2047):
+        store = PrefixStore()
+        if cut:
+            store.prefill(decoder, "bench", tokens[:cut])  # type: ignore[arg-type]
+        results = []
+        seconds = median_seconds(lambda: results.append(store.query(decoder, "bench", tokens)), 5)  # type: ignore[arg-type]
+        result = results[-1]
+        assert result.cut == cut
+        print(f"{cut:>6} {seconds * 1e3:9.1f} {result.rows_computed:>6} {result.full_rows:>9}")
+
+
+BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
+           "mutants": bench_mutants}
 
 
 def main() -> None:

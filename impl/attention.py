@@ -131,8 +131,9 @@ class AttentionLayer:
         _require_finite(NonFiniteInput, "input", x)
         with np.errstate(over="ignore", invalid="ignore"):
             query, key, value = self._project(x)
-            query = self.rope.rotate(query, positions)
-            key = self.rope.rotate(key, positions)
+            angles = self.rope.angles(positions)  # one table for queries and keys
+            query = self.rope.rotate_with(query, angles)
+            key = self.rope.rotate_with(key, angles)
             _require_finite(NonFiniteKeyValue, "projected key", key)
             _require_finite(NonFiniteKeyValue, "projected value", value)
             _require_finite(NonFiniteAttention, "rotated query", query)
@@ -173,6 +174,9 @@ class AttentionLayer:
         return output
 
 
+QUERY_BLOCK = 128  # new rows per tile: a tile scores only the keys it can see, so long prompts skip the masked half
+
+
 def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np.ndarray,
             stored_keys: np.ndarray, stored_values: np.ndarray, stored_positions: np.ndarray,
             window: int | None) -> np.ndarray:
@@ -180,32 +184,59 @@ def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np
 
     ``query [B, H, T, dh]``, ``key``/``value [B, KV, T, dh]`` at ``positions [T]``;
     stored ``[B, KV, n, dh]`` at ``stored_positions [n]``. Returns ``[B, T, H*dh]``.
-    Reads every stored row once and copies none of them.
+    Reads every stored row once per tile and copies none of them.
     """
     batch, heads, tokens, dh = query.shape
-    kv_heads, stored = key.shape[1], stored_keys.shape[2]
+    kv_heads = key.shape[1]
     grouped = query.reshape(batch, kv_heads, -1, tokens, dh)  # [B, KV, G, T, dh]; head h -> kv head h // G
-    scores = np.concatenate([
-        grouped @ stored_keys[:, :, None].swapaxes(-1, -2),  # [B, KV, G, T, n]
-        grouped @ key[:, :, None].swapaxes(-1, -2),  # [B, KV, G, T, T]
-    ], axis=-1) / math.sqrt(dh)
-    key_positions = np.concatenate([stored_positions, positions])  # [n + T]
-    visible = key_positions[None, :] <= positions[:, None]  # [T, n + T]
-    if window is not None:
-        visible &= key_positions[None, :] > positions[:, None] - window
-    if not visible.all():
-        scores = np.where(visible, scores, -np.inf)
-    weights = _softmax(scores)  # [B, KV, G, T, n + T]
-    mixed = weights[..., :stored] @ stored_values[:, :, None] + weights[..., stored:] @ value[:, :, None]
+    tiles = []
+    for first in range(0, tokens, QUERY_BLOCK):
+        last = min(first + QUERY_BLOCK, tokens)
+        oldest = 0 if window is None else max(0, first - window + 1)  # earlier new rows are out of every window
+        tiles.append(_attend_tile(grouped[:, :, :, first:last], positions[first:last], key[:, :, oldest:last],
+                                  value[:, :, oldest:last], positions[oldest:last], stored_keys, stored_values,
+                                  stored_positions, window))
+    mixed = tiles[0] if len(tiles) == 1 else np.concatenate(tiles, axis=3)  # [B, KV, G, T, dh]
     merged: np.ndarray = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, -1)
     return merged
 
 
+def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, value: np.ndarray,
+                 key_positions_new: np.ndarray, stored_keys: np.ndarray, stored_values: np.ndarray,
+                 stored_positions: np.ndarray, window: int | None) -> np.ndarray:
+    """``query [B, KV, G, t, dh]`` at ``positions [t]`` over stored and new keys; ``[B, KV, G, t, dh]``.
+
+    Query heads of a group and tile rows share one axis (``G*t``) so that every
+    product is a plain batched matrix product over ``[B, KV]``.
+    """
+    batch, kv_heads, group, rows, dh = query.shape
+    stored = stored_keys.shape[2]
+    flat = query.reshape(batch, kv_heads, group * rows, dh)  # [B, KV, G*t, dh]
+    new_scores = flat @ key.swapaxes(-1, -2)  # [B, KV, G*t, k]
+    if stored:
+        scores = np.concatenate([flat @ stored_keys.swapaxes(-1, -2), new_scores], axis=-1)
+    else:
+        scores = new_scores  # a fresh array either way: the steps below work in place
+    scores /= math.sqrt(dh)
+    scores = scores.reshape(batch, kv_heads, group, rows, -1)  # [B, KV, G, t, n + k]
+    if window is None:  # every key before the tile is visible: only the tile's own square can be masked
+        own = scores[..., -rows:]  # [B, KV, G, t, t]
+        np.copyto(own, -np.inf, where=key_positions_new[None, -rows:] > positions[:, None])
+    else:
+        key_positions = np.concatenate([stored_positions, key_positions_new])  # [n + k]
+        hidden = (key_positions[None, :] > positions[:, None]) | (key_positions[None, :] <= positions[:, None] - window)
+        np.copyto(scores, -np.inf, where=hidden)
+    weights = _softmax(scores).reshape(batch, kv_heads, group * rows, -1)  # [B, KV, G*t, n + k]
+    mixed: np.ndarray = weights[..., :stored] @ stored_values + weights[..., stored:] @ value  # [B, KV, G*t, dh]
+    return mixed.reshape(batch, kv_heads, group, rows, dh)
+
+
 def _softmax(scores: np.ndarray) -> np.ndarray:
-    """Stable softmax over the last axis: subtract the row maximum first."""
-    shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights: np.ndarray = shifted / shifted.sum(axis=-1, keepdims=True)
-    return weights
+    """Stable softmax over the last axis, in place: subtract the row maximum first."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
 
 
 def _require_finite(error: type[NonFiniteError], what: str, array: np.ndarray) -> None:

@@ -45,14 +45,23 @@ class RopeConfig:
 
     def rotate(self, x: np.ndarray, positions: int | np.ndarray) -> np.ndarray:
         """Rotate ``x [..., dh]`` at one position, or ``x [..., T, dh]`` at ``positions [T]``."""
+        return self.rotate_with(x, self.angles(positions))
+
+    def angles(self, positions: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``cos`` and ``sin`` of every pair's angle at ``positions``: ``[r/2]`` or ``[T, r/2]``."""
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= self.max_positions):
             bad = int(positions.max() if positions.max() >= self.max_positions else positions.min())
             raise RopePositionOutOfRange(bad, self.max_positions)
         r = self.rotary_width
         inverse_frequency = self.base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
-        theta = np.multiply.outer(positions, inverse_frequency)  # [r/2] or [T, r/2]
-        cos, sin = np.cos(theta), np.sin(theta)
+        theta = np.multiply.outer(positions, inverse_frequency)
+        return np.cos(theta), np.sin(theta)
+
+    def rotate_with(self, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Rotate ``x`` by precomputed ``angles`` (from ``angles``), which fix the rotary width."""
+        cos, sin = angles
+        r = 2 * cos.shape[-1]
         if self.style == "interleaved":
             a_index, b_index = slice(0, r, 2), slice(1, r, 2)
         else:
