@@ -8,11 +8,12 @@ implementation, not about the oracle's own rounding.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle import FLOAT64, full_prefix_attention, mpmath_precision
+from oracle import FLOAT64, full_decoder, full_prefix_attention, mpmath_precision, random_decoder_weights
 from properties import selection
 from properties import strategies as s
 from properties.protocol import Capability
@@ -61,3 +62,48 @@ def test_implementation_agrees_with_mpmath(case: tuple) -> None:
         output = expect_success(call(adapter, what, lambda: adapter.step(layer, cache, x[:, t:t + 1].copy())), what)
         assert_close(output, exact.outputs[:, t:t + 1], tolerance=s.TOLERANCE, what=f"{what} against mpmath",
                      axes=("batch", "position", "feature"))
+
+
+@st.composite
+def decoder_cases(draw: st.DrawFn, capabilities: frozenset[str]) -> tuple:
+    config = draw(s.decoder_configs(capabilities))
+    weights = random_decoder_weights(config, draw(st.integers(0, 2**32 - 1), label="seed"))
+    tokens = draw(s.token_lists(config.vocab, 1, s.MAX_SEQUENCE), label="tokens")
+    return config, weights, tokens
+
+
+EVERY_DECODER = frozenset({"gqa", "sliding_window", "positions_sinusoidal", "positions_rope", "rope_interleaved",
+                           "rope_half_split"})
+
+
+@FEW
+@given(case=decoder_cases(EVERY_DECODER))
+def test_float64_decoder_oracle_agrees_with_mpmath(case: tuple) -> None:
+    config, weights, tokens = case
+    fast = full_decoder(tokens, config, weights, numbers=FLOAT64)
+    exact = full_decoder(tokens, config, weights, numbers=MPMATH)
+    assert_close(fast.logits, exact.logits, tolerance=ORACLE_AGREEMENT,
+                 what="float64 decoder oracle logits against mpmath (a suite bug if this fails)",
+                 axes=("position", "token"))
+
+
+_SESSION_NEEDS = {Capability.DECODE_SESSION.value, Capability.FLOAT64.value}
+_SESSION_MISSING = sorted(_SESSION_NEEDS - selection.selected().capabilities)  # resolved before collection
+
+
+@pytest.mark.skipif(bool(_SESSION_MISSING),
+                    reason=f"{selection.selected().name} does not declare {', '.join(_SESSION_MISSING)}")
+@FEW
+@given(case=decoder_cases(selection.selected().capabilities))
+def test_session_agrees_with_mpmath(case: tuple) -> None:
+    adapter = selection.selected()
+    config, weights, tokens = case
+    decoder = expect_success(call(adapter, "create a decoder", lambda: adapter.create_decoder(config, weights)),
+                             "create a decoder")
+    session = expect_success(call(adapter, "create a session", lambda: adapter.create_session(decoder, len(tokens))),
+                             "create a session")
+    logits = expect_success(call(adapter, f"prefill {tokens}", lambda: adapter.prefill(session, list(tokens))),
+                            f"prefill {tokens}")
+    exact = full_decoder(tokens, config, weights, numbers=MPMATH)
+    assert_close(np.asarray(logits), exact.logits, tolerance=s.TOLERANCE, what=f"prefill {tokens} against mpmath",
+                 axes=("position", "token"))
