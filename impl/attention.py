@@ -105,10 +105,7 @@ class AttentionLayer:
 
     def _validate_request(self, x: np.ndarray, cache: LayerKvCache) -> None:
         """Dtype, rank, token count, batch, width, binding, free capacity -- in that order."""
-        if not isinstance(x, np.ndarray) or x.dtype != np.float64:
-            raise InputDtypeError(f"{type(x).__name__} of {getattr(x, 'dtype', 'no dtype')}")
-        if x.ndim != 3:
-            raise InputRankError(x.ndim)
+        _check_float_rows(x)
         if x.shape[1] != 1:
             raise TokenCountError(x.shape[1])
         if x.shape[0] != cache.batch_size:
@@ -159,15 +156,13 @@ class AttentionLayer:
 
     def forward_full(self, x: np.ndarray, window: int | None = None) -> np.ndarray:
         """Causal attention over every position of ``x [B, T, D]``, recomputed from scratch."""
-        if not isinstance(x, np.ndarray) or x.dtype != np.float64:
-            raise InputDtypeError(f"{type(x).__name__} of {getattr(x, 'dtype', 'no dtype')}")
-        if x.ndim != 3:
-            raise InputRankError(x.ndim)
+        _check_float_rows(x)
         if x.shape[2] != self.model_width:
             raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
         positions = np.arange(x.shape[1])
         query, key, value = self._project(x)
-        query, key = self.rope.rotate(query, positions), self.rope.rotate(key, positions)
+        angles = self.rope.angles(positions)
+        query, key = self.rope.rotate_with(query, angles), self.rope.rotate_with(key, angles)
         nothing = np.zeros((*key.shape[:2], 0, self.head_width))  # no stored rows
         mixed = _attend(query, key, value, positions, nothing, nothing, positions[:0], window=window)
         output: np.ndarray = mixed @ self.wo.value  # [B, T, D]
@@ -237,6 +232,14 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
+
+
+def _check_float_rows(x: object) -> None:
+    """A float64 numpy array of rank 3, ``[B, T, D]``."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float64:
+        raise InputDtypeError(f"{type(x).__name__} of {getattr(x, 'dtype', 'no dtype')}")
+    if x.ndim != 3:
+        raise InputRankError(x.ndim)
 
 
 def _require_finite(error: type[NonFiniteError], what: str, array: np.ndarray) -> None:

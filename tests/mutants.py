@@ -97,7 +97,7 @@ MUTANTS = (
            (("and self.max_positions == other.max_positions\n", "\n"),),
            "ignores a change of RoPE position capacity"),
     Mutant("rotary_width_ignored", "attention.py",
-           (("angles = self.rope.angles(positions)",
+           (("angles = self.rope.angles(positions)  # one table for queries and keys",
              "angles = type(self.rope)(self.rope.style, self.rope.base, self.head_width, self.rope.max_positions)"
              ".angles(positions)"),),
            "rotates every feature of a head even under partial rotary"),
