@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from impl import Decoder, RopeConfig
+from impl.conformance import make_adapter
 from impl.prefix_store import PrefixStore, _continue
-from oracle import PRESETS, DecoderConfig, DecoderWeights, full_decoder, random_decoder_weights
+from oracle import PRESETS, DecoderConfig, full_decoder, random_decoder_weights
 
 SEEDS = (7, 11, 23)
 TOLERANCE = 1e-12
@@ -59,18 +59,10 @@ def preset(convention: str, windowed: bool) -> DecoderConfig:
     return PRESETS[("seed-rope" if convention == "rope" else "seed") + ("-window4" if windowed else "")]
 
 
-def build(config: DecoderConfig, weights: DecoderWeights) -> Decoder:
-    rope = config.rope
-    return Decoder.from_arrays(weights.embedding, [(b.wq, b.wk, b.wv, b.wo) for b in weights.blocks],
-                               heads=config.heads, kv_heads=config.kv_heads,
-                               rope=RopeConfig(rope.style, rope.base, rope.rotary_width, rope.max_positions),
-                               positions=config.positions, window=config.window, sinusoid_base=config.sinusoid_base)
-
-
 def run_case(convention: str, seed: int, condition: Condition) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     config = preset(convention, condition.windowed)
     weights = random_decoder_weights(config, seed)
-    model = build(config, weights)
+    model = make_adapter().create_decoder(config, weights)  # the reference decoder from these weights
     store = PrefixStore(capacity=2)
     for stored in (FIRST, BRANCH):
         store.prefill(model, "app", stored)

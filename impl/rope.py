@@ -43,10 +43,6 @@ class RopeConfig:
                 and self.max_positions == other.max_positions
                 and _bits(self.base) == _bits(other.base))
 
-    def rotate(self, x: np.ndarray, positions: int | np.ndarray) -> np.ndarray:
-        """Rotate ``x [..., dh]`` at one position, or ``x [..., T, dh]`` at ``positions [T]``."""
-        return self.rotate_with(x, self.angles(positions))
-
     def angles(self, positions: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``cos`` and ``sin`` of every pair's angle at ``positions``: ``[r/2]`` or ``[T, r/2]``."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -59,7 +55,7 @@ class RopeConfig:
         return np.cos(theta), np.sin(theta)
 
     def rotate_with(self, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-        """Rotate ``x`` by precomputed ``angles`` (from ``angles``), which fix the rotary width."""
+        """Rotate ``x [..., dh]`` (or ``[..., T, dh]``) by ``angles(positions)``, which fix the rotary width."""
         cos, sin = angles
         r = 2 * cos.shape[-1]
         if self.style == "interleaved":
