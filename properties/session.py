@@ -95,8 +95,9 @@ class SessionMachine(RuleBasedStateMachine):
     def _oracle(self, tokens: list[int]) -> DecoderTrace:
         return full_decoder(tokens, self.config, self.session_weights, numbers=self.numbers)
 
-    def _advance(self, new: list[int], what: str, action: Any) -> None:
-        """A step of valid tokens: the oracle's logits, or FULL / REVISION_MISMATCH with nothing changed."""
+    def _advance(self, new: list[int], what: str, action: Any, *, single: bool) -> None:
+        """A step of valid tokens: the oracle's logits (``[vocab]`` for one decoded token, else
+        ``[T, vocab]``), or FULL / REVISION_MISMATCH with nothing changed."""
         expected = ErrorKind.REVISION_MISMATCH if self.stale else (
             ErrorKind.FULL if len(self.tokens) + len(new) > self.capacity else None)
         before = read_blocks(self.adapter, self.session, what)
@@ -107,7 +108,7 @@ class SessionMachine(RuleBasedStateMachine):
             return
         logits = np.asarray(expect_success(outcome, what))
         trace = self._oracle(self.tokens + new)
-        wanted = trace.logits[len(self.tokens):] if logits.ndim == 2 else trace.logits[-1]
+        wanted = trace.logits[-1] if single else trace.logits[len(self.tokens):]
         assert_close(logits, wanted, tolerance=self.tolerance, what=f"{what}: logits",
                      axes=("position", "token"))
         self.tokens, self.trace = self.tokens + new, trace
@@ -115,12 +116,13 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prefill(self, data: st.DataObject) -> None:
         tokens = data.draw(s.token_lists(self.config.vocab), label="tokens")
-        self._advance(tokens, f"prefill {tokens}", lambda: self.adapter.prefill(self.session, list(tokens)))
+        self._advance(tokens, f"prefill {tokens}", lambda: self.adapter.prefill(self.session, list(tokens)),
+                      single=False)
 
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
         token = data.draw(st.integers(0, self.config.vocab - 1), label="token")
-        self._advance([token], f"decode {token}", lambda: self.adapter.decode(self.session, token))
+        self._advance([token], f"decode {token}", lambda: self.adapter.decode(self.session, token), single=True)
 
     @rule(data=st.data())
     def step_with_invalid_tokens(self, data: st.DataObject) -> None:
