@@ -26,7 +26,7 @@ _SEARCH = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 _VERDICT = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 PROFILES: dict[str, dict[str, object]] = {
     "dev": {"max_examples": 100, "stateful_step_count": 30, "phases": _SEARCH},
-    "ci": {"max_examples": 60, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
+    "ci": {"max_examples": 100, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
            "phases": _VERDICT},
     "thorough": {"max_examples": 1000, "stateful_step_count": 80, "phases": _SEARCH},
 }
