@@ -67,8 +67,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
         self._new_cache()
 
     def _create_layer(self, weights: AttentionWeights, rope: RopeConfig, what: str) -> Any:
-        copied = AttentionWeights(weights.wq.copy(), weights.wk.copy(), weights.wv.copy(), weights.wo.copy(),
-                                  heads=weights.heads, kv_heads=weights.kv_heads)
+        copied = _copied(weights)
         return expect_success(call(self.adapter, what, lambda: self.adapter.create_layer(copied, rope)), what)
 
     def _new_cache(self) -> None:
@@ -315,8 +314,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
     def update_weights_in_place(self, data: st.DataObject) -> None:
         """An optimiser-like write into the same parameters (possibly of identical values)."""
         new = data.draw(s.weight_updates(self.weights), label="new weights")
-        copied = AttentionWeights(new.wq.copy(), new.wk.copy(), new.wv.copy(), new.wo.copy(),
-                                  heads=new.heads, kv_heads=new.kv_heads)
+        copied = _copied(new)
         what = "update the weights in place"
         expect_success(call(self.adapter, what, lambda: self.adapter.update_weights(self.layer, copied)), what)
         self.weights = new
@@ -361,3 +359,9 @@ class LayerCacheMachine(RuleBasedStateMachine):
         if hasattr(self, "config"):
             note(f"worst |error| against the oracle: {self.worst_error:.3e}")
             target(self.worst_error, label="worst |error| against the oracle")
+
+
+def _copied(weights: AttentionWeights) -> AttentionWeights:
+    """Every array handed to an adapter is a copy: the model's own must stay as drawn."""
+    return AttentionWeights(weights.wq.copy(), weights.wk.copy(), weights.wv.copy(), weights.wo.copy(),
+                            heads=weights.heads, kv_heads=weights.kv_heads)
