@@ -4,7 +4,9 @@
 ``--oracle float64|mpmath`` the ground truth the machines compare with,
 ``--hypothesis-profile`` (or ``HYPOTHESIS_PROFILE``) one of
 ``properties/profiles.py``. Every pytest process -- each xdist worker too --
-resolves them here, once.
+resolves them here, once. ``--kv-traces`` is where counterexample traces go,
+``--kv-regressions`` adds trace corpora to replay, ``--kv-report`` writes
+the conformance report.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import pytest
 from hypothesis import settings
 
 from properties import profiles, selection
-from properties.strategies import TOLERANCE
+from properties.report import ConformanceReport
+from properties.runner import PropertyRun
+from properties.tolerance import Judge, declared_dtype
 
 ROOT = Path(__file__).parent
 DATABASE_ROOT = ROOT / ".hypothesis" / "implementations"
+REGRESSIONS = ROOT / "tests" / "regressions"
 
 profiles.register()
 profiles.load()
@@ -31,6 +36,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"(default: ${selection.ENV_VAR} or {selection.DEFAULT_SPEC})")
     group.addoption("--oracle", default="float64", choices=selection.ORACLES,
                     help="ground truth for the machines: float64, or mpmath high precision (slow)")
+    group.addoption("--kv-traces", default=str(ROOT / "counterexamples"), metavar="DIR",
+                    help="where a failing machine writes its counterexample trace (default: %(default)s)")
+    group.addoption("--kv-regressions", action="append", default=[], metavar="DIR",
+                    help=f"also replay every trace in DIR (always: {REGRESSIONS.relative_to(ROOT)})")
+    group.addoption("--kv-report", default=None, metavar="PATH",
+                    help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
@@ -41,6 +52,21 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(error)) from None
     profiles.register(DATABASE_ROOT, selection.database_key(adapter))
     profiles.load()
+    report = config.getoption("--kv-report")
+    if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
+        config.pluginmanager.register(ConformanceReport(Path(report).resolve()), "kvcache-report")
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest) -> PropertyRun:
+    return PropertyRun(request.node, Path(request.config.getoption("--kv-traces")).resolve())
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "regression_trace" in metafunc.fixturenames:
+        directories = [REGRESSIONS, *map(Path, metafunc.config.getoption("--kv-regressions"))]
+        traces = sorted(p for d in directories for p in d.glob("*.json"))
+        metafunc.parametrize("regression_trace", traces, ids=[p.stem for p in traces])
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -49,7 +75,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"kvcache implementation: {adapter.name} {adapter.version} ({selection.selected_spec()})",
         f"kvcache capabilities: {', '.join(sorted(adapter.capabilities))}",
-        f"kvcache tolerance: {TOLERANCE:.0e} absolute against the {selection.oracle_name()} oracle",
+        f"kvcache tolerance: {Judge(declared_dtype(adapter), selection.oracle_numbers()).rule}",
         f"kvcache hypothesis profile: {settings.get_current_profile_name()} "
         f"(max_examples={current.max_examples}, stateful_step_count={current.stateful_step_count}, "
         f"derandomize={current.derandomize}, database={current.database})",

@@ -16,10 +16,11 @@ from .decoder import (
     random_decoder_weights,
     sinusoid,
 )
-from .numbers import FLOAT64, NumberSystem, mpmath_precision
+from .numbers import FLOAT64, LOW_PRECISIONS, NumberSystem, mpmath_precision, numpy_precision
 
 __all__ = [
     "FLOAT64",
+    "LOW_PRECISIONS",
     "PRESETS",
     "ROPE_STYLES",
     "AttentionTrace",
@@ -38,6 +39,7 @@ __all__ = [
     "full_prefix_attention",
     "greedy_generate",
     "mpmath_precision",
+    "numpy_precision",
     "random_decoder_weights",
     "rope_rotate",
     "sinusoid",

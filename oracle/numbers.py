@@ -1,9 +1,12 @@
-"""The two number systems the oracle runs in, behind one small interface.
+"""The number systems the oracle runs in, behind one small interface.
 
 The oracle's arithmetic is written once, with ``+ - * /`` on scalars and the
 handful of functions below. ``FLOAT64`` makes those scalars Python floats
 (IEEE binary64); ``mpmath_precision(digits)`` makes them ``mpf`` values of a
 *local* mpmath context, so high precision never touches the global ``mp.dps``.
+``numpy_precision(dtype)`` rounds every operation to a low-precision dtype:
+not a ground truth, but the naive baseline low-precision implementations are
+judged against.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mpmath
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -64,4 +68,37 @@ def mpmath_precision(digits: int = 40) -> NumberSystem:
         tanh=ctx.tanh,
         to_float=float,
         is_finite=lambda value: bool(ctx.isfinite(value)),
+    )
+
+
+LOW_PRECISIONS = ("float32", "float16", "bfloat16")
+
+
+def numpy_precision(dtype: str) -> NumberSystem:
+    """Every scalar operation rounded to ``dtype`` (``float32``, ``float16`` or ``bfloat16``).
+
+    Not ground truth: the naive computation in a low-precision dtype, whose
+    error against mpmath is the budget a low-precision implementation is
+    judged by (``properties/tolerance.py``). Relies on NumPy 2's promotion
+    rules: a Python number meeting a NumPy scalar takes the scalar's dtype.
+    bfloat16 is ``ml_dtypes.bfloat16`` (NumPy has none).
+    """
+    if dtype not in LOW_PRECISIONS:
+        raise ValueError(f"dtype must be one of {LOW_PRECISIONS}, got {dtype!r}")
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        scalar: Any = ml_dtypes.bfloat16
+    else:
+        scalar = getattr(np, dtype)
+    return NumberSystem(
+        name=dtype,
+        number=scalar,
+        exp=np.exp,
+        cos=np.cos,
+        sin=np.sin,
+        sqrt=np.sqrt,
+        tanh=np.tanh,
+        to_float=float,
+        is_finite=lambda value: bool(np.isfinite(value)),
     )

@@ -16,15 +16,17 @@ from typing import Any
 import numpy as np
 from hypothesis import note, target
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from oracle import FLOAT64, AttentionTrace, AttentionWeights, NumberSystem, RopeConfig, full_prefix_attention
 
 from . import strategies as s
 from .protocol import CacheSnapshot, Capability, ErrorKind, KvCacheAdapter
+from .tolerance import Judge, Reference, declared_dtype
+from .trace import TracedMachine, traced
 from .verdict import (
+    Inputs,
     NonConformance,
-    assert_close,
     call,
     expect_rejection,
     expect_success,
@@ -41,17 +43,17 @@ MALFORMATIONS = {
 }
 
 
-class LayerCacheMachine(RuleBasedStateMachine):
+class LayerCacheMachine(TracedMachine):
     """Drive one layer and its cache at random; check every step against the oracle."""
 
-    def __init__(self, adapter: KvCacheAdapter, numbers: NumberSystem = FLOAT64,
-                 tolerance: float = s.TOLERANCE, style: str | None = None, grouped: bool | None = None) -> None:
+    def __init__(self, adapter: KvCacheAdapter, numbers: NumberSystem = FLOAT64, style: str | None = None,
+                 grouped: bool | None = None) -> None:
         super().__init__()
-        self.adapter, self.numbers, self.tolerance = adapter, numbers, tolerance
+        self.adapter = adapter
+        self.judge = Judge(declared_dtype(adapter), numbers)
         self.family = {"style": style, "grouped": grouped}  # which configurations this run draws
         self.capabilities = frozenset(adapter.capabilities)
         self.physical = Capability.PHYSICAL_STORAGE.value in self.capabilities
-        self.worst_error = 0.0
         self._facts: tuple[AttentionWeights | None, dict[str, list[Any]]] = (None, {})
 
     def has(self, capability: Capability) -> bool:
@@ -60,6 +62,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
     # -- set-up and model ------------------------------------------------------------------------
 
     @initialize(data=st.data())
+    @traced
     def build_layer_and_cache(self, data: st.DataObject) -> None:
         self.config = data.draw(s.layer_configs(self.capabilities, **self.family), label="config")
         self.weights = self.config.weights
@@ -67,8 +70,9 @@ class LayerCacheMachine(RuleBasedStateMachine):
         self._new_cache()
 
     def _create_layer(self, weights: AttentionWeights, rope: RopeConfig, what: str) -> Any:
-        copied = _copied(weights)
-        return expect_success(call(self.adapter, what, lambda: self.adapter.create_layer(copied, rope)), what)
+        handed = Inputs()
+        given = handed("weights", weights)
+        return expect_success(call(self.adapter, what, lambda: self.adapter.create_layer(given, rope), handed), what)
 
     def _new_cache(self) -> None:
         what = "create a cache"
@@ -76,13 +80,14 @@ class LayerCacheMachine(RuleBasedStateMachine):
             self.layer, self.config.batch_size, self.config.capacity)), what)
         self.cache_weights = self.weights  # the weights every row of this cache was computed with
         self.rows: list[np.ndarray] = []  # [B, D] each, since creation or reset
-        self.trace: AttentionTrace | None = None  # oracle of self.rows, computed on demand
+        self.trace: Reference[AttentionTrace] | None = None  # oracle of self.rows, computed on demand
         self.stale = False  # parameters written in place since this cache was built
         self.peaked = False  # holds a peaked row: valid appends would leave the documented range
 
-    def _oracle(self, rows: list[np.ndarray]) -> AttentionTrace:
+    def _oracle(self, rows: list[np.ndarray]) -> Reference[AttentionTrace]:
         x = np.stack(rows, axis=1)  # [B, T, D]
-        return full_prefix_attention(x, self.cache_weights, self.config.rope, numbers=self.numbers)
+        return self.judge.reference(lambda numbers: full_prefix_attention(
+            x, self.cache_weights, self.config.rope, numbers=numbers))
 
     def _snapshot(self, cache: Any, what: str) -> CacheSnapshot:
         return read_snapshot(self.adapter, cache, what, physical=self.physical)
@@ -112,7 +117,11 @@ class LayerCacheMachine(RuleBasedStateMachine):
         layer = self.layer if layer is None else layer
         cache = self.cache if cache is None else cache
         before = self._snapshot(cache, what) if expected is not None else None
-        outcome = call(self.adapter, what, lambda: self.adapter.step(layer, cache, x.copy()))
+        if expected is not None:
+            self.tape.expect(what, rejected=expected.value, state="unchanged")
+        handed = Inputs()
+        given = handed("x", x)
+        outcome = call(self.adapter, what, lambda: self.adapter.step(layer, cache, given), handed)
         if expected is None:
             return expect_success(outcome, what)
         expect_rejection(outcome, expected, what)
@@ -124,11 +133,11 @@ class LayerCacheMachine(RuleBasedStateMachine):
         """A step that must succeed: its output must equal full-prefix recomputation."""
         rows = [*self.rows, x[:, 0, :]]
         trace = self._oracle(rows)
+        expected, tolerance = self.judge.bound(trace, lambda t: t.outputs[:, -1:, :])
+        self.tape.expect(what, output=expected, tolerance=tolerance)
         output = self._step(x, None, what)
-        error = assert_close(output, trace.outputs[:, -1:, :], tolerance=self.tolerance,
-                             what=f"{what}: output at position {len(self.rows)}",
-                             axes=("batch", "position", "feature"))
-        self.worst_error = max(self.worst_error, error)
+        self.judge.close(output, expected, tolerance, what=f"{what}: output at position {len(self.rows)}",
+                         axes=("batch", "position", "feature"))
         self.rows, self.trace = rows, trace
 
     # -- valid rows ----------------------------------------------------------------------------------
@@ -136,6 +145,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.peaked and (not self.full or self.has(Capability.FIXED_CAPACITY))
                   and (not self.stale or self.has(Capability.BINDING_CHECKS)))
     @rule(data=st.data(), count=st.integers(1, 3))
+    @traced
     def append_rows(self, data: st.DataObject, count: int) -> None:
         """Valid rows, one step each: accepted and exact; or FULL, or REVISION_MISMATCH if stale."""
         for _ in range(count):
@@ -150,6 +160,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.rows and not self.stale and self.facts["peaks"])
     @rule(data=st.data())
+    @traced
     def append_peaked_row(self, data: st.DataObject) -> None:
         """A first row whose lone score is +-750: exp overflows or underflows unless shifted."""
         feature, scale = data.draw(st.sampled_from(self.facts["peaks"]), label="feature, scale")
@@ -163,6 +174,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.INPUT_VALIDATION))
     @rule(data=st.data())
+    @traced
     def append_malformed_row(self, data: st.DataObject) -> None:
         kind = data.draw(st.sampled_from(sorted(MALFORMATIONS)), label="malformation")
         batch, width = self.config.batch_size, self.config.model_width
@@ -192,6 +204,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION))
     @rule(data=st.data())
+    @traced
     def append_non_finite_row(self, data: st.DataObject) -> None:
         x = data.draw(s.rows(self.config.batch_size, self.config.model_width), label="row")
         bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf]), label="value")
@@ -201,6 +214,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and self.facts["overflows"])
     @rule(data=st.data())
+    @traced
     def append_overflowing_row(self, data: st.DataObject) -> None:
         """A finite row whose query, key or value projection is certain to overflow."""
         name, column, _ = data.draw(st.sampled_from(self.facts["overflows"]), label="target")
@@ -209,6 +223,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.NON_FINITE_REJECTION) and self.facts["isolated overflows"])
     @rule(data=st.data())
+    @traced
     def append_row_overflowing_one_projection(self, data: st.DataObject) -> None:
         """Only the key, only the value or only the query overflows: still nothing is written."""
         name, column, row = data.draw(st.sampled_from(self.facts["isolated overflows"]), label="target")
@@ -234,6 +249,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
     @rule(data=st.data())
+    @traced
     def append_through_recreated_layer(self, data: st.DataObject) -> None:
         """Equal values in new parameter objects: LAYER_MISMATCH."""
         what = "recreate the layer"
@@ -243,6 +259,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
     @rule(data=st.data())
+    @traced
     def append_under_other_rope(self, data: st.DataObject) -> None:
         """The same parameters under another RoPE: ROPE_MISMATCH (the base compared bit for bit)."""
         rope = self.config.rope
@@ -272,6 +289,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.has(Capability.BINDING_CHECKS))
     @rule(data=st.data())
+    @traced
     def append_into_cache_of_other_geometry(self, data: st.DataObject) -> None:
         """This layer against a cache built for another shape: GEOMETRY_MISMATCH, that cache untouched."""
         w = self.config.weights
@@ -297,6 +315,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
     # -- lifecycle -------------------------------------------------------------------------------------
 
     @rule()
+    @traced
     def reset(self) -> None:
         """Length 0; same buffers, same bytes, same bindings (a stale cache stays stale)."""
         before = self._snapshot(self.cache, "reset")
@@ -311,12 +330,14 @@ class LayerCacheMachine(RuleBasedStateMachine):
         self.rows, self.trace, self.peaked = [], None, False
 
     @rule(data=st.data())
+    @traced
     def update_weights_in_place(self, data: st.DataObject) -> None:
         """An optimiser-like write into the same parameters (possibly of identical values)."""
         new = data.draw(s.weight_updates(self.weights), label="new weights")
-        copied = _copied(new)
         what = "update the weights in place"
-        expect_success(call(self.adapter, what, lambda: self.adapter.update_weights(self.layer, copied)), what)
+        handed = Inputs()
+        given = handed("weights", new)
+        expect_success(call(self.adapter, what, lambda: self.adapter.update_weights(self.layer, given), handed), what)
         self.weights = new
         if self.has(Capability.BINDING_CHECKS):
             self.stale = True
@@ -325,6 +346,7 @@ class LayerCacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.stale or self.full)
     @rule()
+    @traced
     def replace_cache(self) -> None:
         """A fresh cache for the layer as it is now."""
         self._new_cache()
@@ -334,34 +356,33 @@ class LayerCacheMachine(RuleBasedStateMachine):
     @invariant()
     def cache_matches_oracle(self) -> None:
         """Length, logical K/V and the physical prefix equal the oracle's rotated keys and values."""
+        self.tape.expect("after the last step", length=len(self.rows))
         snapshot = self._snapshot(self.cache, "after the last step")
         if snapshot.length != len(self.rows):
             raise NonConformance(f"cache length is {snapshot.length}, but {len(self.rows)} rows were appended")
         if self.rows and self.trace is None:
             self.trace = self._oracle(self.rows)
         batch, kv, dh = self.config.batch_size, self.config.weights.kv_heads, self.config.weights.head_width
-        expected_keys = self.trace.keys if self.rows and self.trace else np.zeros((batch, kv, 0, dh))
-        expected_values = self.trace.values if self.rows and self.trace else np.zeros((batch, kv, 0, dh))
-        checks = [("logical keys", snapshot.keys, expected_keys), ("logical values", snapshot.values, expected_values)]
+        empty = np.zeros((batch, kv, 0, dh))
+        keys, key_tolerance = self.judge.bound(self.trace, lambda t: t.keys) if self.trace else (empty, 0.0)
+        values, value_tolerance = self.judge.bound(self.trace, lambda t: t.values) if self.trace else (empty, 0.0)
+        checks = [("logical keys", snapshot.keys, keys, key_tolerance),
+                  ("logical values", snapshot.values, values, value_tolerance)]
         if self.physical:
             shape = (batch, kv, self.config.capacity, dh)
             for name in ("physical_keys", "physical_values"):
                 if getattr(snapshot, name).shape != shape:
                     raise NonConformance(f"{name.replace('_', ' ')}: shape {getattr(snapshot, name).shape}, "
                                          f"but the layout is [B, KV, C, dh] = {shape}")
-            checks += [("physical key rows", snapshot.physical_keys[:, :, :len(self.rows)], expected_keys),
-                       ("physical value rows", snapshot.physical_values[:, :, :len(self.rows)], expected_values)]
-        for what, actual, expected in checks:
-            error = assert_close(actual, expected, tolerance=self.tolerance, what=f"cached {what}")
-            self.worst_error = max(self.worst_error, error)
+            checks += [("physical key rows", snapshot.physical_keys[:, :, :len(self.rows)], keys, key_tolerance),
+                       ("physical value rows", snapshot.physical_values[:, :, :len(self.rows)], values,
+                        value_tolerance)]
+        for what, actual, expected, tolerance in checks:
+            self.judge.close(actual, expected, tolerance, what=f"cached {what}")
 
     def teardown(self) -> None:
         if hasattr(self, "config"):
-            note(f"worst |error| against the oracle: {self.worst_error:.3e}")
-            target(self.worst_error, label="worst |error| against the oracle")
+            error, tolerance = self.judge.worst
+            note(f"worst |error| against the oracle: {error:.3e} (tolerance {tolerance:.1e})")
+            target(error / tolerance, label="worst |error| / tolerance")
 
-
-def _copied(weights: AttentionWeights) -> AttentionWeights:
-    """Every array handed to an adapter is a copy: the model's own must stay as drawn."""
-    return AttentionWeights(weights.wq.copy(), weights.wk.copy(), weights.wv.copy(), weights.wo.copy(),
-                            heads=weights.heads, kv_heads=weights.kv_heads)

@@ -19,14 +19,16 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from oracle import FLOAT64, DecoderTrace, DecoderWeights, NumberSystem, full_decoder, random_decoder_weights
 
 from . import strategies as s
 from .protocol import BlockState, DecoderAdapter, ErrorKind, StoreEntry
 from .session import blocks_match_oracle, same_blocks
-from .verdict import NonConformance, assert_close, call, expect_rejection, expect_success
+from .tolerance import Judge, Reference, declared_dtype
+from .trace import TracedMachine, traced
+from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success, fields
 
 SCOPES = ("app", "other app")
 
@@ -73,16 +75,17 @@ def expected_reuse(entries: list[Entry], scope: str, key: str, tokens: Sequence[
     return best
 
 
-class PrefixStoreMachine(RuleBasedStateMachine):
+class PrefixStoreMachine(TracedMachine):
     """Prefills and queries under several scopes and weights, invalid queries, scribbled results."""
 
-    def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64, tolerance: float = s.TOLERANCE,
-                 windowed: bool | None = None) -> None:
+    def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64, windowed: bool | None = None) -> None:
         super().__init__()
-        self.adapter, self.numbers, self.tolerance, self.windowed = adapter, numbers, tolerance, windowed
+        self.adapter, self.windowed = adapter, windowed
+        self.judge = Judge(declared_dtype(adapter), numbers)
         self.capabilities = frozenset(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())
+    @traced
     def build_store(self, data: st.DataObject) -> None:
         self.config = data.draw(s.decoder_configs(self.capabilities, windowed=self.windowed), label="decoder")
         seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2), label="seeds")
@@ -90,13 +93,15 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         self.decoders = []
         for weights in self.weights:
             what = "create a decoder"
-            self.decoders.append(expect_success(call(self.adapter, what, lambda w=weights: self.adapter.create_decoder(
-                self.config, w)), what))
+            handed = Inputs()
+            given = handed("weights", weights)
+            self.decoders.append(expect_success(call(self.adapter, what, lambda: self.adapter.create_decoder(
+                self.config, given), handed), what))
         self.capacity = data.draw(st.integers(1, 3), label="store capacity")
         self.store = expect_success(call(self.adapter, "create the store", lambda: self.adapter.create_store(
             self.capacity)), "create the store")
         self.entries: list[Entry] = []  # oldest first
-        self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, DecoderTrace]] = {}
+        self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, Reference[DecoderTrace]]] = {}
 
     def _tokens(self, data: st.DataObject) -> list[int]:
         """A query built from a stored prefix (extended, truncated or edited), or fresh."""
@@ -105,7 +110,7 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from(kinds), label="query kind")
         if kind == "fresh":
             return data.draw(s.token_lists(vocab, 1, 8), label="tokens")
-        base = list(data.draw(st.sampled_from(self.entries), label="from entry").tokens)
+        base = list(self.entries[data.draw(st.integers(0, len(self.entries) - 1), label="from entry")].tokens)
         if kind in ("extend", "edit and extend"):
             base += data.draw(s.token_lists(vocab, 1, 3), label="extension")
         if kind == "truncate":
@@ -123,31 +128,37 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         reused, cut = (None, 0) if verb == "prefill" else expected_reuse(
             self.entries, scope, key, tokens, self.config.window is not None)
         what = f"{verb} {tokens} in scope {scope!r} with decoder {index}"
-        method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
-        result = expect_success(call(self.adapter, what, lambda: method(
-            self.store, self.decoders[index], scope, list(tokens))), what)
         rows = 3 * self.config.blocks
-        reported = (result.entry, result.cut, result.rows_computed, result.full_rows)
         expected = (reused, cut, rows * (len(tokens) - cut), rows * len(tokens))
-        if reported != expected:
-            raise NonConformance(f"{what}: entry/cut/rows/full rows {reported}, but the rules give {expected} "
+        logits, tolerance = self.judge.bound(self._oracle(weights, tokens), lambda t: t.logits[cut:])
+        self.tape.expect(what, entry_cut_rows_full_rows=expected, output=logits, tolerance=tolerance)
+        method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
+        handed = Inputs()
+        given = handed("tokens", tokens)
+        result = expect_success(call(self.adapter, what, lambda: method(
+            self.store, self.decoders[index], scope, given), handed), what)
+        *reported, result_logits = fields(result, ("entry", "cut", "rows_computed", "full_rows", "logits"), what)
+        if tuple(reported) != expected:
+            raise NonConformance(f"{what}: entry/cut/rows/full rows {tuple(reported)}, but the rules give {expected} "
                                  f"(entries, oldest first: {[(e.scope, list(e.tokens)) for e in self.entries]})")
-        full = self._oracle(weights, tokens)
-        assert_close(np.asarray(result.logits), full.logits[cut:], tolerance=self.tolerance,
-                     what=f"{what}: logits from position {cut}", axes=("position", "token"))
-        self.last_logits = result.logits
+        self.judge.close(np.asarray(result_logits), logits, tolerance, what=f"{what}: logits from position {cut}",
+                         axes=("position", "token"))
+        self.last_logits = result_logits
         if verb == "prefill":
             self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights)][-self.capacity:]
 
     @rule(data=st.data())
+    @traced
     def prefill(self, data: st.DataObject) -> None:
         self._call("prefill", data)
 
     @rule(data=st.data())
+    @traced
     def query(self, data: st.DataObject) -> None:
         self._call("query", data)
 
     @rule(data=st.data())
+    @traced
     def invalid_query(self, data: st.DataObject) -> None:
         """INVALID_TOKENS, and no entry, entry order or stored array changed."""
         problem, tokens = data.draw(s.invalid_token_sequences(self.config.vocab), label="invalid tokens")
@@ -155,7 +166,10 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
         what = f"{verb} with {problem}"
         before = self._read_entries(what)
-        expect_rejection(call(self.adapter, what, lambda: method(self.store, self.decoders[0], "app", tokens)),
+        self.tape.expect(what, rejected=ErrorKind.INVALID_TOKENS.value, state="unchanged")
+        handed = Inputs()
+        given = handed("tokens", tokens)
+        expect_rejection(call(self.adapter, what, lambda: method(self.store, self.decoders[0], "app", given), handed),
                          ErrorKind.INVALID_TOKENS, what)
         after = self._read_entries(what)
         described = [(e.scope, e.tokens, e.next_position) for e in before]
@@ -165,19 +179,23 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             same_blocks(old.blocks, new.blocks, what)
 
     @rule(data=st.data())
+    @traced
     def update_weights_in_place(self, data: st.DataObject) -> None:
         """The decoder's computation changes: its old entries no longer match its signature."""
         index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
         block, new = data.draw(s.block_update(self.weights[index]), label="block update")
         what = f"update decoder {index}'s block {block} in place"
+        handed = Inputs()
+        given = handed("weights", new)
         expect_success(call(self.adapter, what, lambda: self.adapter.update_block_weights(
-            self.decoders[index], block, new)), what)
+            self.decoders[index], block, given), handed), what)
         blocks = list(self.weights[index].blocks)
         blocks[block] = new
         self.weights[index] = replace(self.weights[index], blocks=tuple(blocks))  # type: ignore[misc]
 
     @precondition(lambda self: self.entries)
     @rule()
+    @traced
     def scribble_on_returned_arrays(self) -> None:
         """Whatever the store returned is the caller's: writing into it must not reach the store."""
         for entry in self._read_entries("read the entries", copy=False):
@@ -190,6 +208,7 @@ class PrefixStoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def entries_are_the_models(self) -> None:
+        self.tape.expect("after the last step", entries=[[e.scope, list(e.tokens)] for e in self.entries])
         entries = self._read_entries("after the last step")
         described = [(e.scope, tuple(int(t) for t in e.tokens)) for e in entries]
         if described != [(e.scope, e.tokens) for e in self.entries]:
@@ -200,14 +219,15 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             if entry.next_position != len(model.tokens):
                 raise NonConformance(f"{what}: next_position {entry.next_position}, should be {len(model.tokens)}")
             trace = self._oracle(model.weights, model.tokens)
-            blocks_match_oracle(tuple(entry.blocks), trace, self.config.window, len(model.tokens), self.tolerance, what)
+            blocks_match_oracle(tuple(entry.blocks), trace, self.config.window, len(model.tokens), self.judge, what)
 
-    def _oracle(self, weights: DecoderWeights, tokens: Sequence[int]) -> DecoderTrace:
+    def _oracle(self, weights: DecoderWeights, tokens: Sequence[int]) -> Reference[DecoderTrace]:
         """Full recomputation, remembered per (weights object, tokens): the invariant asks every step."""
         key = (id(weights), tuple(tokens))
         known = self._traces.get(key)
         if known is None or known[0] is not weights:
-            known = (weights, full_decoder(list(tokens), self.config, weights, numbers=self.numbers))
+            known = (weights, self.judge.reference(lambda numbers: full_decoder(list(tokens), self.config, weights,
+                                                                                numbers=numbers)))
             self._traces[key] = known
         return known[1]
 

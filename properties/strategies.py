@@ -46,6 +46,27 @@ class LayerConfig:
         return self.weights.model_width
 
 
+def requirements_of(value: object) -> set[str]:
+    """The capabilities an implementation must declare to be offered ``value`` (a drawn configuration)."""
+    if isinstance(value, LayerConfig):
+        needs = {f"rope_{value.rope.style}"} | requirements_of(value.weights)
+        if value.rope.rotary_width < value.weights.head_width:
+            needs.add(Capability.PARTIAL_ROTARY.value)
+        return needs
+    if isinstance(value, AttentionWeights):
+        return {Capability.GQA.value} if value.kv_heads < value.heads else set()
+    if isinstance(value, DecoderConfig):
+        needs = {f"positions_{value.positions}"}
+        if value.positions == "rope":
+            needs.add(f"rope_{value.rope_style}")
+        if value.window is not None:
+            needs.add(Capability.SLIDING_WINDOW.value)
+        if value.kv_heads < value.heads:
+            needs.add(Capability.GQA.value)
+        return needs
+    return set()
+
+
 @cache  # strategies are immutable; building them anew in every rule is slow
 def bounded_arrays(shape: tuple[int, ...], bound: float) -> st.SearchStrategy[np.ndarray]:
     """Element by element (Hypothesis shrinks each entry): for inputs, small and readable."""

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-from hypothesis.stateful import run_state_machine_as_test
-
-from properties import selection
 from properties.protocol import Capability
-from properties.session import SessionMachine
+from properties.runner import PropertyRun
 
 
-def test_decode_session_conforms() -> None:
-    adapter = selection.selected()
-    if Capability.DECODE_SESSION.value not in adapter.capabilities:
-        pytest.skip(f"{adapter.name} does not declare {Capability.DECODE_SESSION.value}")
-    numbers = selection.oracle_numbers()
-    run_state_machine_as_test(lambda: SessionMachine(adapter, numbers=numbers))  # type: ignore[arg-type]
+def test_decode_session_conforms(conformance: PropertyRun) -> None:
+    conformance.require(Capability.DECODE_SESSION)
+    conformance.run("session")

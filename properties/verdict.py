@@ -7,7 +7,11 @@ implementation under test. Anything else escaping a property (an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,20 +39,102 @@ class Outcome:
     error: BaseException | None = None
 
 
-def call(adapter: KvCacheAdapter, what: str, action: Callable[[], Any]) -> Outcome:
-    """Run one adapter call; map a raised exception to its kind or call it non-conformance."""
+class AdapterHung(BaseException):
+    """An adapter call did not return in time.
+
+    A ``BaseException`` on purpose: Hypothesis shrinks failures by running
+    them again, and every rerun would hang as long again. This one passes
+    straight through Hypothesis; ``runner.run_machine`` turns it into a
+    ``NonConformance`` naming the call, with the (unshrunk) trace.
+    """
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"{what}: did not return within {seconds:g} s (per-call timeout, --kv-call-timeout)")
+
+
+CALL_TIMEOUT = 60.0  # seconds per adapter call; conftest sets --kv-call-timeout
+
+
+@contextmanager
+def _watchdog(what: str, seconds: float) -> Iterator[None]:
+    """Interrupt the current call after ``seconds`` (SIGALRM: main thread, POSIX; elsewhere no limit)."""
+    if seconds <= 0 or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise AdapterHung(what, seconds)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return Outcome(value=action())
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Inputs:
+    """What one adapter call is handed: copies, checked afterwards against the originals.
+
+    An implementation may keep what it is given, but must not write into it:
+    the suite's model, and so the oracle's view, holds the originals.
+    """
+
+    def __init__(self) -> None:
+        self._handed: list[tuple[str, Any, Any]] = []
+
+    def __call__(self, name: str, value: Any) -> Any:
+        given = copy.deepcopy(value)
+        self._handed.append((name, value, given))
+        return given
+
+    def check(self, what: str) -> None:
+        from .trace import encode  # the canonical form: arrays by dtype, shape and exact values
+
+        for name, original, given in self._handed:
+            if encode(given) != encode(original):
+                raise NonConformance(f"{what}: the implementation modified its input {name} in place; "
+                                     "inputs belong to the caller")
+
+
+def call(adapter: KvCacheAdapter, what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> Outcome:
+    """Run one adapter call; map a raised exception to its kind or call it non-conformance.
+
+    The call gets ``CALL_TIMEOUT`` seconds; afterwards whatever ``inputs``
+    handed it must be as it was.
+    """
+    try:
+        with _watchdog(what, CALL_TIMEOUT):
+            outcome = Outcome(value=action())
     except Exception as error:
+        outcome = Outcome(error=error)
+    if inputs is not None:
+        inputs.check(what)
+    if outcome.error is None:
+        return outcome
+    error = outcome.error
+    try:
         kind = adapter.error_kind(error)
-        if kind is None:
-            raise NonConformance(f"{what}: raised {type(error).__name__}: {error} -- "
-                                 "an exception the adapter does not map to an error kind") from error
-        try:
-            return Outcome(kind=ErrorKind(kind), error=error)
-        except ValueError:
-            raise NonConformance(f"{what}: the adapter mapped {type(error).__name__} to unknown "
-                                 f"kind {kind!r}") from error
+    except Exception as failure:
+        raise NonConformance(f"{what}: raised {type(error).__name__}: {error}, and the adapter's error_kind "
+                             f"raised {type(failure).__name__}: {failure} on it") from failure
+    if kind is None:
+        raise NonConformance(f"{what}: raised {type(error).__name__}: {error} -- "
+                             "an exception the adapter does not map to an error kind") from error
+    try:
+        return Outcome(kind=ErrorKind(kind), error=error)
+    except ValueError:
+        raise NonConformance(f"{what}: the adapter mapped {type(error).__name__} to unknown "
+                             f"kind {kind!r}") from error
+
+
+def fields(value: Any, names: Sequence[str], what: str) -> tuple[Any, ...]:
+    """``value``'s attributes ``names``, or a non-conformance naming the missing one."""
+    try:
+        return tuple(getattr(value, name) for name in names)
+    except AttributeError as error:
+        raise NonConformance(f"{what}: the result lacks a field: {error}") from error
 
 
 def expect_rejection(outcome: Outcome, expected: ErrorKind, what: str) -> None:
@@ -69,8 +155,10 @@ def expect_success(outcome: Outcome, what: str) -> Any:
 
 
 def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: str,
-                 axes: Sequence[str] = ("batch", "head", "position", "feature")) -> float:
-    """Raise unless ``actual`` has ``expected``'s shape and agrees within ``tolerance``.
+                 axes: Sequence[str] = ("batch", "head", "position", "feature"),
+                 dtype: type[np.floating[Any]] | None = np.float64) -> float:
+    """Raise unless ``actual`` is an array of ``expected``'s shape (and of ``dtype``, unless None:
+    then of any real floating dtype) agreeing within ``tolerance``.
 
     Returns the worst absolute error. The message names where it is: one index
     per axis, with the names in ``axes`` (the last ``ndim`` of them are used).
@@ -81,6 +169,9 @@ def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: s
                              f"got {type(actual).__name__}")
     if actual.shape != expected.shape:
         raise NonConformance(f"{what}: shape {actual.shape}, but should be {expected.shape}")
+    if (actual.dtype != dtype) if dtype is not None else (actual.dtype.kind != "f" and actual.dtype.name != "bfloat16"):
+        raise NonConformance(f"{what}: dtype {actual.dtype}, but should be "
+                             f"{np.dtype(dtype) if dtype is not None else 'a real floating type'}")
     if actual.size == 0:
         return 0.0
     actual = actual.astype(np.float64)

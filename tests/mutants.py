@@ -10,10 +10,8 @@ third-party implementation.
 from __future__ import annotations
 
 import importlib
-import re
 import shutil
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,67 +201,40 @@ class Kill:
     total_runs: int  # with shrinking
     shrunk_steps: int  # steps in the minimal failing program
     message: str
+    trace: Path | None  # the shrunk run, replayable against any implementation
 
 
 FAMILIES = (("interleaved", False), ("half_split", False), ("interleaved", True), ("half_split", True))
 
 
-def kill(mutant: Mutant, directory: Path) -> Kill | None:
-    """Run the mutant's machine under the ``ci`` profile against it; None if it survives."""
+def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
+    """(family, machine, parameters) of every machine run that may kill ``mutant``, in order."""
+    if mutant.machine == "layer cache":
+        return [(f"{style}/{'gqa' if grouped else 'mha'}", "layer_cache", {"style": style, "grouped": grouped})
+                for style, grouped in FAMILIES]
+    if mutant.machine == "session":
+        return [("session", "session", {})]
+    return [(f"store/{'window' if windowed else 'full'}", "prefix_store", {"windowed": windowed})
+            for windowed in (False, True)]
+
+
+def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill | None:
+    """Run the mutant's machines under the ``ci`` profile against it; None if it survives."""
     from hypothesis import settings
-    from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
     from properties import selection
-    from properties.layer_cache import LayerCacheMachine
-    from properties.prefix_store import PrefixStoreMachine
-    from properties.session import SessionMachine
+    from properties.runner import run_machine
     from properties.verdict import NonConformance
 
-    adapter: Any = selection.load_adapter(build(mutant, directory))
+    spec = build(mutant, directory)
+    adapter: Any = selection.load_adapter(spec)
     ci = settings(settings.get_profile("ci"), database=None, report_multiple_bugs=False, print_blob=False)
-    runs: list[tuple[str, Callable[[], RuleBasedStateMachine]]]
-    if mutant.machine == "layer cache":
-        runs = [(f"{style}/{'gqa' if grouped else 'mha'}",
-                 lambda style=style, grouped=grouped: LayerCacheMachine(adapter, style=style, grouped=grouped))
-                for style, grouped in FAMILIES]
-    elif mutant.machine == "session":
-        runs = [("session", lambda: SessionMachine(adapter))]
-    else:
-        runs = [(f"store/{'window' if windowed else 'full'}",
-                 lambda windowed=windowed: PrefixStoreMachine(adapter, windowed=windowed))
-                for windowed in (False, True)]
-    for family, factory in runs:
-        counted = _CountedRuns(factory)
-        try:
-            run_state_machine_as_test(counted.make, settings=ci)
-        except NonConformance as failure:
-            return Kill(mutant.name, family, counted.first_failing or counted.runs, counted.runs,
-                        _program_length(failure, type(counted.last)), str(failure).splitlines()[0])
+    for family, machine, parameters in runs_for(mutant):
+        result = run_machine(machine, adapter, property_id=f"mutant-{mutant.name}", parameters=parameters,
+                             requires=(), trace_dir=trace_dir, settings=ci, spec=spec)
+        if isinstance(result.failure, NonConformance):
+            return Kill(mutant.name, family, result.first_failing or result.runs, result.runs, result.steps,
+                        str(result.failure).splitlines()[0], result.trace)
+        if result.failure is not None:
+            raise result.failure
     return None
-
-
-class _CountedRuns:
-    """Builds the machines Hypothesis asks for, counting them and noting the first that failed."""
-
-    def __init__(self, factory: Callable[[], Any]) -> None:
-        from properties.verdict import NonConformance
-
-        self.factory, self.runs, self.first_failing, self.last = factory, 0, None, None
-        self._failures = NonConformance
-        NonConformance.raised = 0
-
-    def make(self) -> Any:
-        if self._failures.raised and self.first_failing is None:
-            self.first_failing = self.runs
-        self.runs += 1
-        self.last = self.factory()
-        return self.last
-
-
-def _program_length(failure: BaseException, machine: type) -> int:
-    """Rules in the shrunk program Hypothesis printed (set-up, invariants and teardown not counted)."""
-    from hypothesis.stateful import RULE_MARKER
-
-    rules = {name for name in dir(machine) if hasattr(getattr(machine, name, None), RULE_MARKER)}
-    calls = (re.match(r"state\.(\w+)\(", line) for line in getattr(failure, "__notes__", []))
-    return sum(1 for call in calls if call and call.group(1) in rules)

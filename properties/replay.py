@@ -1,0 +1,138 @@
+"""Replay counterexample traces against any implementation, step by step.
+
+    python -m properties.replay TRACE.json [TRACE.json ...] [--kv-impl MODULE:FACTORY] [--oracle mpmath]
+
+The recorded values go back into the same rules of the same machine, now
+driving the selected implementation (``--kv-impl``, else ``KVCACHE_IMPL``,
+else the reference); the machine recomputes what the specification expects
+from the oracle, as in the original run. Each step's outcome is printed; at
+the first divergence, what differed: the error kind expected and got, or the
+worst error with its batch, head, position and feature, and the tolerance.
+
+A trace that needs a capability the implementation does not declare is not
+applicable: it says which, and where. Exit status: 0 if every trace conforms,
+1 if one diverges, 2 if one is not applicable or unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle import FLOAT64, NumberSystem
+
+from . import selection, trace
+from .runner import MACHINES
+from .verdict import AdapterHung, NonConformance
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "conforms", "diverges" or "not applicable"
+    step: int | None  # where it diverged or stopped applying
+    message: str
+    seconds: float = 0.0
+
+    @property
+    def conforms(self) -> bool:
+        return self.status == "conforms"
+
+
+def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FLOAT64,
+           out: Callable[[str], None] = print) -> Verdict:
+    """Drive ``adapter`` through the trace; the first non-conformance ends the replay."""
+    start = time.perf_counter()
+
+    def verdict(status: str, step: int | None, message: str) -> Verdict:
+        return Verdict(status, step, message, time.perf_counter() - start)
+
+    cls = MACHINES.get(document.get("machine", ""))
+    if cls is None:
+        raise trace.TraceError(f"unknown machine {document.get('machine')!r}; known: {sorted(MACHINES)}")
+    capabilities = frozenset(adapter.capabilities)
+    missing = sorted(set(document.get("requires", ())) - capabilities)
+    if missing:
+        return verdict("not applicable", None, f"{adapter.name} does not declare {', '.join(missing)}")
+    parameters = {k: trace.decode(v) for k, v in document.get("parameters", {}).items()}
+    machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
+    machine.tape = trace.Playback(document["steps"], capabilities)
+    rules, invariants = trace.rules_of(cls), trace.invariants_of(cls)
+    for index, step in enumerate(document["steps"]):
+        name = step["rule"]
+        if name not in rules:
+            raise trace.TraceError(f"step {index}: {cls.__name__} has no rule {name!r}")
+        arguments = {k: trace.decode(v) for k, v in step.get("arguments", {}).items()}
+        shown = f"step {index}: {name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+        try:
+            if not all(precondition(machine) for precondition in rules[name].preconditions):
+                raise trace.NotApplicable(f"{name}'s precondition does not hold here; it depends on the "
+                                          "implementation's capabilities")
+            getattr(machine, name)(**arguments)
+            for check in invariants:
+                check(machine)
+        except trace.NotApplicable as reason:
+            out(f"{shown}: NOT APPLICABLE\n    {reason}")
+            return verdict("not applicable", index, str(reason))
+        except (NonConformance, AdapterHung) as failure:
+            out(f"{shown}: DIVERGES\n" + "\n".join(f"    {line}" for line in str(failure).splitlines()))
+            return verdict("diverges", index, str(failure))
+        out(f"{shown}: ok")
+        for expectation in machine.tape.steps[-1].expected:
+            out(f"    {describe(expectation)}")
+    return verdict("conforms", None, f"all {len(document['steps'])} steps conform")
+
+
+def describe(expectation: dict[str, Any]) -> str:
+    """One line for a recorded expectation (arrays left out)."""
+    call = expectation["call"]
+    if "rejected" in expectation:
+        return f"{call}: rejected with {expectation['rejected']}, nothing changed"
+    details = [f"{key} = {trace.decode(value)}" for key, value in expectation.items()
+               if key not in ("call", "output", "tolerance")]
+    if "output" in expectation:
+        details.insert(0, f"result within {trace.decode(expectation['tolerance']):.1e} of the oracle")
+    return f"{call}: {', '.join(details)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
+    parser.add_argument(selection.OPTION, dest="kv_impl", default=None, metavar="MODULE:FACTORY",
+                        help=f"implementation to replay against (default: ${selection.ENV_VAR} or "
+                             f"{selection.DEFAULT_SPEC})")
+    parser.add_argument("--oracle", default="float64", choices=selection.ORACLES)
+    parser.add_argument("--quiet", action="store_true", help="print only each trace's verdict")
+    options = parser.parse_args(argv)
+    try:
+        adapter = selection.configure(options.kv_impl, options.oracle)
+    except selection.AdapterLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    worst = 0
+    for path in options.traces:
+        print(f"== {path} against {adapter.name} {adapter.version} ({selection.selected_spec()})")
+        try:
+            document = trace.load(path)
+            recorded = document.get("failure") or {}
+            if recorded and not options.quiet:
+                print(f"   recorded: {document['recorded_with']['implementation']} failed at step "
+                      f"{recorded.get('step')} ({recorded.get('rule')})")
+            result = replay(document, adapter, numbers=selection.oracle_numbers(),
+                            out=(lambda line: None) if options.quiet else print)
+        except trace.TraceError as error:
+            print(f"   unreadable: {error}")
+            worst = max(worst, 2)
+            continue
+        where = "" if result.step is None else f" at step {result.step}"
+        print(f"   {result.status.upper()}{where} ({result.seconds:.2f} s): {result.message.splitlines()[0]}")
+        worst = max(worst, {"conforms": 0, "diverges": 1}.get(result.status, 2))
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Running one conformance machine: Hypothesis's search, then a portable trace of what it found.
+
+``run_machine`` is shared by the pytest properties, the mutant self-tests and
+the benchmarks. It never hides a failure: it returns it, with the numbers of
+the run and the path of the trace it wrote (``properties.trace``); callers
+re-raise it. Hypothesis replays the minimal failing program last, so the last
+machine built holds the shrunk run.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import numpy as np
+from hypothesis import settings as Settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from oracle import FLOAT64, NumberSystem
+
+from . import trace
+from .layer_cache import LayerCacheMachine
+from .prefix_store import PrefixStoreMachine
+from .protocol import KvCacheAdapter
+from .session import SessionMachine
+from .verdict import AdapterHung, NonConformance
+
+# The machines a trace may name (a trace never names a module: it cannot make replay import code).
+MACHINES: dict[str, type[trace.TracedMachine]] = {
+    "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RunResult:
+    runs: int = 0  # machines Hypothesis built: examples, plus replays and shrinking after a failure
+    first_failing: int | None = None  # the run in which the first non-conformance was raised
+    worst: tuple[float, float] = (0.0, 1.0)  # (error, tolerance) closest to failing, over all runs
+    rule: str = ""  # the tolerance rule the machines applied
+    failure: BaseException | None = None
+    failing_step: int | None = None  # index in the trace's steps
+    steps: int = 0  # rules in the shrunk failing program, set-up not counted
+    trace: Path | None = None
+
+
+def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
+                requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
+                settings: Settings | None = None, spec: str | None = None) -> RunResult:
+    """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace."""
+    parameters = parameters or {}
+    cls = MACHINES[machine]
+    result = RunResult()
+    last: list[trace.TracedMachine] = []
+    raised_before = NonConformance.raised
+
+    def build() -> trace.TracedMachine:
+        if result.first_failing is None and NonConformance.raised > raised_before:
+            result.first_failing = result.runs
+        result.runs += 1
+        if last and hasattr(last[0], "judge"):
+            _keep_worst(result, last[0])
+        last[:] = [cls(adapter, numbers=numbers, **parameters)]  # type: ignore[call-arg]
+        return last[0]
+
+    chosen = settings or Settings(report_multiple_bugs=False)
+    try:
+        run_state_machine_as_test(build, settings=chosen)
+    except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
+        result.failure = NonConformance(f"{hung} -- the run stopped there, unshrunk")
+    except Exception as error:  # returned to the caller, who re-raises it
+        result.failure = error
+    if last:
+        _keep_worst(result, last[0])
+        result.rule = last[0].judge.rule  # type: ignore[attr-defined]
+    if result.failure is not None and last and last[0].tape.steps:
+        tape = last[0].tape
+        result.failing_step = len(tape.steps) - 1
+        result.steps = sum(1 for step in tape.steps if step.rule not in _initializers(cls))
+        if trace_dir is not None:
+            document = _document(machine, adapter, spec, property_id, parameters, requires, numbers, last[0], result)
+            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{property_id}-{adapter.name}")
+            result.trace = trace.write(document, trace_dir, stem[-120:].strip("_"))
+            _point_to(result.failure, result.trace)
+    return result
+
+
+def _keep_worst(result: RunResult, machine: Any) -> None:
+    error, tolerance = machine.judge.worst
+    if error / tolerance >= result.worst[0] / result.worst[1]:
+        result.worst = (error, tolerance)
+
+
+@cache
+def _initializers(cls: type) -> frozenset[str]:
+    from hypothesis.stateful import INITIALIZE_RULE_MARKER
+
+    return frozenset(name for name in dir(cls) if hasattr(getattr(cls, name, None), INITIALIZE_RULE_MARKER))
+
+
+def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_id: str, parameters: dict[str, Any],
+              requires: tuple[str, ...], numbers: NumberSystem, instance: trace.TracedMachine,
+              result: RunResult) -> dict[str, Any]:
+    tape = instance.tape
+    return {
+        "format": trace.FORMAT,
+        "format_version": trace.FORMAT_VERSION,
+        "property": property_id,
+        "machine": machine,
+        "parameters": {k: trace.encode(v) for k, v in parameters.items()},
+        "requires": sorted(requires),
+        "recorded_with": {
+            **implementation_facts(adapter, spec), "oracle": numbers.name, "rule": result.rule, **environment_facts()},
+        "failure": {"step": result.failing_step, "rule": tape.steps[-1].rule,
+                    "message": str(result.failure).split("\n\ncounterexample trace:")[0]},
+        "steps": [step.to_json() for step in tape.steps],
+    }
+
+
+def _point_to(failure: BaseException, path: Path) -> None:
+    """Name the trace in the failure message itself (pytest prints it first)."""
+    where = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    pointer = (f"\n\ncounterexample trace: {where}\n"
+               f"replay it: python -m properties.replay {where} [--kv-impl MODULE:FACTORY]")
+    if isinstance(failure, NonConformance) and failure.args:
+        failure.args = (f"{failure.args[0]}{pointer}", *failure.args[1:])
+    elif hasattr(failure, "add_note"):
+        failure.add_note(pointer.strip())
+
+
+def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
+    return {"implementation": str(adapter.name), "implementation_version": str(adapter.version),
+            "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
+            "capabilities": sorted(adapter.capabilities)}
+
+
+@cache
+def environment_facts() -> dict[str, Any]:
+    return {"suite_version": suite_version(), "suite_commit": suite_commit(), "python": platform.python_version(),
+            "numpy": np.__version__, "hypothesis": hypothesis.__version__}
+
+
+def suite_version() -> str:
+    try:
+        return metadata.version("kvcache-conformance")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def suite_commit() -> str | None:
+    """The git commit of the suite's checkout, with ``+dirty`` if it has local changes; None outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+class PropertyRun:
+    """A property test's handle on the suite: the adapter, skipping, and running a machine.
+
+    What it measures goes to the test's ``user_properties`` (xdist carries
+    them to the controller), where ``--kv-report`` collects them.
+    """
+
+    def __init__(self, node: Any, trace_dir: Path | None) -> None:
+        from . import selection
+
+        self.node, self.trace_dir = node, trace_dir
+        self.adapter, self.spec = selection.selected(), selection.selected_spec()
+        self.numbers = selection.oracle_numbers()
+        self.required: tuple[str, ...] = ()
+
+    def record(self, name: str, value: Any) -> None:
+        self.node.user_properties.append((f"kv_{name}", value))
+
+    def require(self, *capabilities: str) -> None:
+        """Skip, naming what is missing, unless the implementation declares every capability."""
+        import pytest
+
+        self.required = tuple(str(getattr(c, "value", c)) for c in capabilities)
+        missing = [c for c in self.required if c not in self.adapter.capabilities]
+        if missing:
+            pytest.skip(f"{self.adapter.name} does not declare {', '.join(missing)}")
+
+    def run(self, machine: str, **parameters: Any) -> RunResult:
+        result = run_machine(machine, self.adapter, property_id=self.node.nodeid, parameters=parameters,
+                             requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
+                             spec=self.spec)
+        self.record("runs", result.runs)
+        self.record("worst_error", result.worst[0])
+        self.record("tolerance", result.worst[1])
+        self.record("rule", result.rule)
+        if result.trace is not None:
+            self.record("trace", str(result.trace))
+        if result.failure is not None:
+            raise result.failure
+        return result

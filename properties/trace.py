@@ -1,0 +1,278 @@
+"""Portable counterexample traces: one machine run, written as JSON, replayable anywhere.
+
+Hypothesis cannot attach ``@example`` to a state machine, and
+``@reproduce_failure`` blobs are tied to one Hypothesis version, so the
+machines keep their own record. Every rule is ``@traced``: its arguments and
+every value it draws are written down as they are drawn (arrays included, so
+a trace never depends on numpy's random generator), and the machine notes
+what it expected of each adapter call. Replaying feeds the same values back
+into the same rules against any implementation (``properties.replay``).
+
+A trace holds no pickles and names no module: values are JSON, arrays are
+``{"$array": {dtype, shape, data}}`` with floats written exactly (``repr``
+round-trips) and non-finite ones as strings.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine
+
+from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
+
+from .strategies import LayerConfig, requirements_of
+
+FORMAT = "kvcache-conformance-trace"
+FORMAT_VERSION = 1
+_TRACED = "_kvcache_traced"
+_DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, DecoderConfig, DecoderWeights, LayerConfig,
+                                              RopeConfig)}
+
+
+class TraceError(ValueError):
+    """A trace file is malformed, of another format version, or names something unknown."""
+
+
+class NotApplicable(Exception):
+    """A trace step cannot be replayed against this implementation (a capability it does not declare)."""
+
+
+# -- values <-> JSON ------------------------------------------------------------------------------------
+
+def _number(value: float) -> float | str:
+    return value if math.isfinite(value) else repr(float(value))  # 'nan', 'inf', '-inf'
+
+
+def encode(value: Any) -> Any:
+    """A JSON-able description of ``value`` from which ``decode`` rebuilds an equal value."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, np.ndarray):
+        flat = value.ravel().tolist()
+        if value.dtype.kind == "c":
+            data: list[Any] = [[_number(z.real), _number(z.imag)] for z in flat]
+        elif value.dtype.kind == "f":
+            data = [_number(v) for v in flat]
+        else:
+            data = flat
+        return {"$array": {"dtype": value.dtype.str, "shape": list(value.shape), "data": data}}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"$tuple": [encode(v) for v in value]}
+    if is_dataclass(value) and type(value).__name__ in _DATACLASSES:
+        return {"$" + type(value).__name__: {f.name: encode(getattr(value, f.name)) for f in fields(value)
+                                             if f.init}}
+    raise TypeError(f"a trace cannot hold a {type(value).__name__}: {value!r}")
+
+
+def _float(text: Any) -> float:
+    if isinstance(text, str):
+        if text not in ("nan", "inf", "-inf"):
+            raise TraceError(f"not a number: {text!r}")
+        return float(text)
+    return float(text)
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise TraceError(f"expected one tagged value, got keys {sorted(value)}")
+    ((tag, body),) = value.items()
+    if tag == "$float":
+        return _float(body)
+    if tag == "$tuple":
+        return tuple(decode(v) for v in body)
+    if tag == "$array":
+        dtype = np.dtype(body["dtype"])
+        if dtype.kind == "c":
+            data: list[Any] = [complex(_float(re), _float(im)) for re, im in body["data"]]
+        elif dtype.kind == "f":
+            data = [_float(v) for v in body["data"]]
+        else:
+            data = body["data"]
+        return np.array(data, dtype=dtype).reshape(body["shape"])
+    cls = _DATACLASSES.get(tag[1:]) if tag.startswith("$") else None
+    if cls is None:
+        raise TraceError(f"unknown tag {tag!r}")
+    return cls(**{name: decode(v) for name, v in body.items()})
+
+
+# -- recording and playing back one machine run ---------------------------------------------------------
+
+@dataclass
+class Step:
+    rule: str
+    arguments: dict[str, Any]
+    draws: list[dict[str, Any]]  # {"label", "value"}, encoded, in drawing order
+    expected: list[dict[str, Any]]  # what the machine expected of each adapter call, encoded
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "arguments": self.arguments, "draws": self.draws, "expected": self.expected}
+
+
+class Tape:
+    """The record of one machine run: rules in order, with their arguments, draws and expectations."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def begin(self, rule: str, arguments: dict[str, Any]) -> None:
+        self.steps.append(Step(rule, {k: encode(v) for k, v in arguments.items()}, [], []))
+
+    def data(self, data: Any) -> Any:
+        return _RecordingData(data, self)
+
+    def drew(self, label: str | None, value: Any) -> None:
+        self.steps[-1].draws.append({"label": label, "value": encode(value)})
+
+    def expect(self, call: str, **outcome: Any) -> None:
+        """What the specification requires of the adapter call ``call`` (for readers of the trace)."""
+        if self.steps:
+            self.steps[-1].expected.append({"call": call, **{k: encode(v) for k, v in outcome.items()}})
+
+
+class _RecordingData:
+    """Hypothesis's ``data`` object, writing down every value as it is drawn."""
+
+    def __init__(self, data: Any, tape: Tape) -> None:
+        self._data, self._tape = data, tape
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        value = self._data.draw(strategy, label=label)
+        self._tape.drew(label, value)
+        return value
+
+
+class Playback(Tape):
+    """Feeds a recorded run's draws back, in order, checking labels and applicability."""
+
+    def __init__(self, steps: list[dict[str, Any]], capabilities: frozenset[str]) -> None:
+        super().__init__()
+        self._recorded = iter(steps)
+        self._draws: Iterator[dict[str, Any]] = iter(())
+        self.capabilities = capabilities
+
+    def begin(self, rule: str, arguments: dict[str, Any]) -> None:
+        super().begin(rule, arguments)
+        recorded = next(self._recorded, None)
+        if recorded is None or recorded["rule"] != rule:
+            raise TraceError(f"replay ran rule {rule}, but the trace has {recorded and recorded['rule']}")
+        self._draws = iter(recorded["draws"])
+
+    def data(self, data: Any) -> Any:
+        return self
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        recorded = next(self._draws, None)
+        if recorded is None or recorded["label"] != label:
+            raise TraceError(f"the rule drew {label!r}, but the trace has "
+                             f"{recorded['label'] if recorded else 'no further draw'!r} (the suite changed)")
+        value = decode(recorded["value"])
+        _check_applicable(strategy, value, label, self.capabilities)
+        self.drew(label, value)
+        return value
+
+
+def _check_applicable(strategy: st.SearchStrategy[Any], value: Any, label: str | None,
+                      capabilities: frozenset[str]) -> None:
+    """A recorded choice the implementation could never have been offered makes the trace inapplicable."""
+    missing = requirements_of(value) - capabilities
+    if missing:
+        raise NotApplicable(f"the recorded {label} needs {', '.join(sorted(missing))}")
+    options = getattr(getattr(strategy, "wrapped_strategy", strategy), "elements", None)
+    names = isinstance(options, (list, tuple)) and options and all(isinstance(o, (str, int)) for o in options)
+    if names and value not in options:
+        raise NotApplicable(f"the recorded {label} {value!r} is not among this implementation's options "
+                            f"{list(options)}")
+
+
+def traced(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """Record this rule's arguments and draws on the machine's tape (put it under ``@rule``)."""
+    takes_data = "data" in inspect.signature(rule).parameters
+
+    @functools.wraps(rule)
+    def run(machine: TracedMachine, **arguments: Any) -> Any:
+        machine.tape.begin(rule.__name__, {k: v for k, v in arguments.items() if k != "data"})
+        if takes_data:
+            arguments["data"] = machine.tape.data(arguments.get("data"))
+        return rule(machine, **arguments)
+
+    setattr(run, _TRACED, True)
+    return run
+
+
+class TracedMachine(RuleBasedStateMachine):
+    """A state machine whose every rule is ``@traced`` (checked when the class is made)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tape: Tape = Tape()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, rule in rules_of(cls).items():
+            if not getattr(rule.function, _TRACED, False):
+                raise TypeError(f"{cls.__name__}.{name} is a rule but not @traced: its runs could not be replayed")
+
+
+def rules_of(cls: type) -> dict[str, Any]:
+    """Hypothesis's rule objects of a machine class, initialize rules included, by name."""
+    from hypothesis.stateful import INITIALIZE_RULE_MARKER, RULE_MARKER  # not public API: used here only
+
+    found = {}
+    for name in dir(cls):
+        attribute = getattr(cls, name, None)
+        rule = getattr(attribute, RULE_MARKER, None) or getattr(attribute, INITIALIZE_RULE_MARKER, None)
+        if rule is not None:
+            found[name] = rule
+    return found
+
+
+def invariants_of(cls: type) -> list[Callable[[Any], None]]:
+    from hypothesis.stateful import INVARIANT_MARKER
+
+    return [getattr(cls, name) for name in dir(cls) if getattr(getattr(cls, name, None), INVARIANT_MARKER, None)]
+
+
+# -- files ------------------------------------------------------------------------------------------------
+
+def write(trace: dict[str, Any], directory: Path, stem: str) -> Path:
+    """Write ``trace`` as ``directory/stem-<digest>.json`` (equal traces share a file); return the path."""
+    text = json.dumps(trace, indent=1, allow_nan=False) + "\n"
+    digest = hashlib.sha256(json.dumps(trace["steps"], allow_nan=False).encode()).hexdigest()[:10]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{stem}-{digest}.json"
+    path.write_text(text)
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        trace = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise TraceError(f"{path}: cannot read a trace: {error}") from error
+    if not isinstance(trace, dict) or trace.get("format") != FORMAT:
+        raise TraceError(f"{path}: not a {FORMAT} file")
+    if trace.get("format_version") != FORMAT_VERSION:
+        raise TraceError(f"{path}: format version {trace.get('format_version')}, this suite reads {FORMAT_VERSION}")
+    return trace
