@@ -13,6 +13,9 @@
 - store: prefix-store query time against the cut for a 2,048-token query.
 - mutants: for each mutant, the example at which the ``ci`` machine first
   failed, runs including shrinking, and the shrunk program's length.
+- traces: every trace of ``tests/regressions`` replayed against the mutant
+  it was recorded from (must diverge at the recorded step) and against the
+  reference (must conform), seconds per replay (median of 3).
 """
 
 from __future__ import annotations
@@ -124,6 +127,35 @@ def bench_mutants() -> None:
           + (f"; survived: {survivors}" if survivors else ""))
 
 
+def bench_traces() -> None:
+    from impl.conformance import ReferenceAdapter
+    from properties import replay, selection, trace
+    from tests.mutants import MUTANTS, build
+
+    directory = Path(tempfile.mkdtemp())
+    print("regression traces: replay against the recording mutant, then the reference (median of 3 each)")
+    print(f"{'trace':58} {'steps':>5} {'diverges at':>11} {'mutant s':>9} {'reference s':>11}")
+    rows = []
+    for path in sorted((ROOT / "tests" / "regressions").glob("*.json")):
+        document = trace.load(path)
+        name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-")
+        mutant = selection.load_adapter(build(next(m for m in MUTANTS if m.name == name), directory))
+        verdicts: dict[str, list[replay.Verdict]] = {"mutant": [], "reference": []}
+        for _ in range(3):
+            verdicts["mutant"].append(replay.replay(document, mutant, out=lambda line: None))
+            verdicts["reference"].append(replay.replay(document, ReferenceAdapter(), out=lambda line: None))
+        against_mutant, against_reference = verdicts["mutant"][-1], verdicts["reference"][-1]
+        same_step = (against_mutant.status, against_mutant.step) == ("diverges", document["failure"]["step"])
+        seconds = [statistics.median(v.seconds for v in verdicts[k]) for k in ("mutant", "reference")]
+        rows.append((same_step and against_reference.conforms, *seconds))
+        print(f"{path.stem[:58]:58} {len(document['steps']):5} "
+              f"{(str(against_mutant.step) if same_step else 'NO'):>11} {seconds[0]:9.3f} "
+              f"{seconds[1] if against_reference.conforms else float('nan'):11.3f}")
+    print(f"{sum(ok for ok, *_ in rows)} of {len(rows)} traces fail their mutant at the recorded step and pass the "
+          f"reference; slowest replay {max(max(m, r) for _, m, r in rows):.3f} s, median "
+          f"{statistics.median([t for _, m, r in rows for t in (m, r)]):.3f} s")
+
+
 def seed_decoder(max_positions: int) -> tuple[DecoderConfig, object]:
     """The seed's decoder (vocab 32, width 16, 2 blocks, 1 head), RoPE, long enough for the benchmark."""
     config = DecoderConfig(positions="rope", max_positions=max_positions)
@@ -168,7 +200,7 @@ def bench_store() -> None:
 
 
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
-           "mutants": bench_mutants}
+           "mutants": bench_mutants, "traces": bench_traces}
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 from oracle import FLOAT64, DecoderTrace, DecoderWeights, NumberSystem, full_decoder, random_decoder_weights
 
 from . import strategies as s
-from .protocol import BlockState, DecoderAdapter, ErrorKind, StoreEntry
+from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind, StoreEntry
 from .session import blocks_match_oracle, same_blocks
 from .tolerance import Judge, Reference, declared_dtype
 from .trace import TracedMachine, traced
@@ -39,6 +39,7 @@ class Entry:
     signature: str
     tokens: tuple[int, ...]
     weights: DecoderWeights
+    decoder: int  # which of the machine's decoders computed it
 
 
 def signature(weights: DecoderWeights) -> str:
@@ -103,14 +104,15 @@ class PrefixStoreMachine(TracedMachine):
         self.entries: list[Entry] = []  # oldest first
         self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, Reference[DecoderTrace]]] = {}
 
-    def _tokens(self, data: st.DataObject) -> list[int]:
-        """A query built from a stored prefix (extended, truncated or edited), or fresh."""
+    def _tokens(self, data: st.DataObject) -> tuple[list[int], Entry | None]:
+        """A query built from a stored prefix (extended, truncated or edited), or fresh; and that entry."""
         vocab = self.config.vocab
         kinds = ["fresh"] + (["extend", "truncate", "edit", "edit and extend", "same"] if self.entries else [])
         kind = data.draw(st.sampled_from(kinds), label="query kind")
         if kind == "fresh":
-            return data.draw(s.token_lists(vocab, 1, 8), label="tokens")
-        base = list(self.entries[data.draw(st.integers(0, len(self.entries) - 1), label="from entry")].tokens)
+            return data.draw(s.token_lists(vocab, 1, 8), label="tokens"), None
+        entry = self.entries[data.draw(st.sampled_from(range(len(self.entries))), label="from entry")]
+        base = list(entry.tokens)
         if kind in ("extend", "edit and extend"):
             base += data.draw(s.token_lists(vocab, 1, 3), label="extension")
         if kind == "truncate":
@@ -118,12 +120,17 @@ class PrefixStoreMachine(TracedMachine):
         if kind.startswith("edit") and vocab > 1:
             at = data.draw(st.integers(0, len(base) - 1), label="edit at")
             base[at] = data.draw(st.integers(0, vocab - 1).filter(lambda t: t != base[at]), label="new id")
-        return base[:s.MAX_SEQUENCE]
+        return base[:s.MAX_SEQUENCE], entry
 
     def _call(self, verb: str, data: st.DataObject) -> None:
-        scope = data.draw(st.sampled_from(SCOPES), label="scope")
-        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
-        tokens = self._tokens(data)
+        tokens, entry = self._tokens(data)
+        # Half the time a query built from an entry comes in that entry's scope, through its decoder: only
+        # then can the entry be reused, and only with two such entries are there ties to break.
+        if entry is not None and data.draw(st.booleans(), label="in the entry's scope, through its decoder"):
+            scope, index = entry.scope, entry.decoder
+        else:
+            scope = data.draw(st.sampled_from(SCOPES), label="scope")
+            index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
         weights, key = self.weights[index], signature(self.weights[index])
         reused, cut = (None, 0) if verb == "prefill" else expected_reuse(
             self.entries, scope, key, tokens, self.config.window is not None)
@@ -145,7 +152,7 @@ class PrefixStoreMachine(TracedMachine):
                          axes=("position", "token"))
         self.last_logits = result_logits
         if verb == "prefill":
-            self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights)][-self.capacity:]
+            self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights, index)][-self.capacity:]
 
     @rule(data=st.data())
     @traced
@@ -157,6 +164,7 @@ class PrefixStoreMachine(TracedMachine):
     def query(self, data: st.DataObject) -> None:
         self._call("query", data)
 
+    @precondition(lambda self: Capability.INPUT_VALIDATION.value in self.capabilities)
     @rule(data=st.data())
     @traced
     def invalid_query(self, data: st.DataObject) -> None:

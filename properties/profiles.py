@@ -43,6 +43,11 @@ def register(database_root: Path | None = None, implementation: str | None = Non
         settings.register_profile(name, **_COMMON, **values, database=database)  # type: ignore[arg-type]
 
 
+def settings_for(name: str, **overrides: object) -> settings:
+    """Our profile ``name`` as a settings object, without registering anything (Hypothesis has its own "ci")."""
+    return settings(**{**_COMMON, **PROFILES[name], **overrides})  # type: ignore[arg-type]
+
+
 def load(name: str | None = None) -> str:
     """Load ``name``, else the current profile if it is one of ours, else $HYPOTHESIS_PROFILE or dev."""
     current = settings.get_current_profile_name()

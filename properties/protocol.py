@@ -55,10 +55,10 @@ class Capability(str, Enum):
     """What an implementation claims; properties needing an absent one are skipped."""
 
     FLOAT64 = "float64"  # computes in float64: judged at 1e-12 absolute
-    INPUT_VALIDATION = "input_validation"  # rejects bad dtype, rank, token count, batch, width
+    INPUT_VALIDATION = "input_validation"  # rejects bad dtype, rank, token count, batch, width; invalid token ids
     NON_FINITE_REJECTION = "non_finite_rejection"  # rejects inf/NaN inputs and overflowing steps
-    BINDING_CHECKS = "binding_checks"  # rejects other geometry, identity, revision, RoPE
-    FIXED_CAPACITY = "fixed_capacity"  # preallocated capacity; a full cache rejects with FULL
+    BINDING_CHECKS = "binding_checks"  # rejects other geometry, identity, revision, RoPE; stale sessions
+    FIXED_CAPACITY = "fixed_capacity"  # preallocated capacity; a full cache (or session) rejects with FULL
     CREATION_ERRORS = "creation_errors"  # typed errors for bad batch/capacity/size at creation
     GQA = "gqa"  # kv_heads may divide heads (GQA, MQA), not only equal them
     ROPE_INTERLEAVED = "rope_interleaved"

@@ -85,8 +85,9 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         result.steps = sum(1 for step in tape.steps if step.rule not in _initializers(cls))
         if trace_dir is not None:
             document = _document(machine, adapter, spec, property_id, parameters, requires, numbers, last[0], result)
-            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{property_id}-{adapter.name}")
-            result.trace = trace.write(document, trace_dir, stem[-120:].strip("_"))
+            name = f"{adapter.name}-{property_id.rpartition('::')[2]}"
+            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120].strip("_")
+            result.trace = trace.write(document, trace_dir, stem)
             _point_to(result.failure, result.trace)
     return result
 

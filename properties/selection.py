@@ -16,6 +16,7 @@ import re
 from oracle import FLOAT64, NumberSystem, mpmath_precision
 
 from .protocol import Capability, KvCacheAdapter
+from .tolerance import DTYPES
 
 ENV_VAR = "KVCACHE_IMPL"
 OPTION = "--kv-impl"
@@ -62,6 +63,11 @@ def load_adapter(spec: str) -> KvCacheAdapter:
     if unknown:
         raise AdapterLoadError(f"{where}: unknown capabilities {sorted(unknown)}; "
                                f"known: {sorted(c.value for c in Capability)}")
+    dtype = getattr(adapter, "dtype", "float64")
+    if dtype not in DTYPES:
+        raise AdapterLoadError(f"{where}: dtype {dtype!r} is not one of {DTYPES}")
+    if dtype != "float64" and Capability.FLOAT64.value in adapter.capabilities:
+        raise AdapterLoadError(f"{where}: declares dtype {dtype} and the float64 capability; which is it?")
     return adapter
 
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 from oracle import FLOAT64, DecoderTrace, NumberSystem, full_decoder, random_decoder_weights
 
 from . import strategies as s
-from .protocol import BlockState, DecoderAdapter, ErrorKind
+from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind
 from .tolerance import Judge, Reference, declared_dtype
 from .trace import TracedMachine, traced
 from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success
@@ -103,6 +103,8 @@ class SessionMachine(TracedMachine):
         ``[T, vocab]``), or FULL / REVISION_MISMATCH with nothing changed."""
         expected = ErrorKind.REVISION_MISMATCH if self.stale else (
             ErrorKind.FULL if len(self.tokens) + len(new) > self.capacity else None)
+        if expected is ErrorKind.FULL and Capability.FIXED_CAPACITY.value not in self.capabilities:
+            return  # past its capacity such a session has no specified behaviour: not asked
         before = read_blocks(self.adapter, self.session, what)
         if expected is not None:
             self.tape.expect(what, rejected=expected.value, state="unchanged")
@@ -133,6 +135,7 @@ class SessionMachine(TracedMachine):
         self._advance([token], f"decode {token}", lambda: self.adapter.decode(self.session, token), Inputs(),
                       single=True)
 
+    @precondition(lambda self: Capability.INPUT_VALIDATION.value in self.capabilities)
     @rule(data=st.data())
     @traced
     def step_with_invalid_tokens(self, data: st.DataObject) -> None:
@@ -170,7 +173,10 @@ class SessionMachine(TracedMachine):
         blocks = list(self.weights.blocks)
         blocks[block] = new
         self.weights = replace(self.weights, blocks=tuple(blocks))  # type: ignore[misc]
-        self.stale = True
+        if Capability.BINDING_CHECKS.value in self.capabilities:
+            self.stale = True
+        else:
+            self._new_session()  # without binding checks a stale session has no specified behaviour
 
     @precondition(lambda self: self.stale or len(self.tokens) == self.capacity)
     @rule()

@@ -185,6 +185,9 @@ def build(mutant: Mutant, directory: Path) -> str:
                 raise AssertionError(f"mutant {mutant.name}: {old!r} occurs {count} times in impl/{mutant.file}")
             source = source.replace(old, new)
         path.write_text(source)
+        # Its own name: its own example database, and traces that say who failed.
+        adapter = target / "conformance.py"
+        adapter.write_text(adapter.read_text().replace('"impl-reference"', f'"impl-mutant-{mutant.name}"'))
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     importlib.invalidate_caches()
@@ -220,17 +223,15 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
 
 def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill | None:
     """Run the mutant's machines under the ``ci`` profile against it; None if it survives."""
-    from hypothesis import settings
-
-    from properties import selection
+    from properties import profiles, selection
     from properties.runner import run_machine
     from properties.verdict import NonConformance
 
     spec = build(mutant, directory)
     adapter: Any = selection.load_adapter(spec)
-    ci = settings(settings.get_profile("ci"), database=None, report_multiple_bugs=False, print_blob=False)
+    ci = profiles.settings_for("ci", database=None, report_multiple_bugs=False, print_blob=False)
     for family, machine, parameters in runs_for(mutant):
-        result = run_machine(machine, adapter, property_id=f"mutant-{mutant.name}", parameters=parameters,
+        result = run_machine(machine, adapter, property_id=f"{machine}[{family}]", parameters=parameters,
                              requires=(), trace_dir=trace_dir, settings=ci, spec=spec)
         if isinstance(result.failure, NonConformance):
             return Kill(mutant.name, family, result.first_failing or result.runs, result.runs, result.steps,

@@ -1,0 +1,86 @@
+"""Adapters that misbehave on purpose, each in one way, around the reference implementation.
+
+Each misbehaves only once its cache holds a row, so Hypothesis can shrink to
+a two-step program, and so the verdict must name a step, not set-up.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from impl.conformance import ReferenceAdapter
+
+
+class _Misbehaving(ReferenceAdapter):
+    def _holds_rows(self, cache: Any) -> bool:
+        return int(cache.length) >= 1
+
+
+class MutatesItsInput(_Misbehaving):
+    name = "misbehaving-mutates-input"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        output = super().step(layer, cache, x)
+        if self._holds_rows(cache):
+            x *= 2.0  # writes into the caller's array
+        return output
+
+
+class ReturnsTheWrongShape(_Misbehaving):
+    name = "misbehaving-wrong-shape"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        busy = self._holds_rows(cache)
+        output = super().step(layer, cache, x)
+        return output[:, 0, :] if busy else output  # [B, D] instead of [B, 1, D]
+
+
+class ReturnsTheWrongDtype(_Misbehaving):
+    name = "misbehaving-wrong-dtype"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        busy = self._holds_rows(cache)
+        output = super().step(layer, cache, x)
+        return output.astype(np.float32) if busy else output
+
+
+class RaisesAnUnmappedError(_Misbehaving):
+    name = "misbehaving-unmapped-error"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        if self._holds_rows(cache):
+            raise RuntimeError("internal error in the implementation")
+        return super().step(layer, cache, x)
+
+
+class ErrorKindRaises(_Misbehaving):
+    name = "misbehaving-error-kind-raises"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        if self._holds_rows(cache):
+            raise RuntimeError("internal error in the implementation")
+        return super().step(layer, cache, x)
+
+    def error_kind(self, error: BaseException) -> str | None:
+        return {"CacheFull": "full"}[type(error).__name__]  # KeyError for anything else
+
+
+class Hangs(_Misbehaving):
+    name = "misbehaving-hangs"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        if self._holds_rows(cache):
+            time.sleep(3600)
+        return super().step(layer, cache, x)
+
+
+class ReturnsAList(_Misbehaving):
+    name = "misbehaving-returns-a-list"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> Any:
+        busy = self._holds_rows(cache)
+        output = super().step(layer, cache, x)
+        return output.tolist() if busy else output

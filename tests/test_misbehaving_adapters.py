@@ -1,0 +1,67 @@
+"""The harness survives bad plug-ins: each misbehaviour is a non-conformance verdict naming the step,
+with a trace that replays to the same verdict -- never a crash of the run, never a hang."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from properties import profiles, replay, trace, verdict
+from properties.runner import run_machine
+from properties.verdict import NonConformance
+from tests import misbehaving
+
+QUICK = profiles.settings_for("ci", max_examples=30, database=None, report_multiple_bugs=False)
+
+CASES = [
+    (misbehaving.MutatesItsInput, "modified its input x in place"),
+    (misbehaving.ReturnsTheWrongShape, "shape (1, 1), but should be (1, 1, 1)"),
+    (misbehaving.ReturnsTheWrongDtype, "dtype float32, but should be float64"),
+    (misbehaving.ReturnsAList, "expected a numpy array of shape (1, 1, 1), got list"),
+    (misbehaving.RaisesAnUnmappedError, "raised RuntimeError: internal error in the implementation -- an exception "
+                                        "the adapter does not map"),
+    (misbehaving.ErrorKindRaises, "and the adapter's error_kind raised KeyError"),
+]
+
+
+@pytest.mark.parametrize(("adapter_class", "verdict_text"), CASES, ids=[c[0].__name__ for c in CASES])
+def test_misbehaviour_is_a_verdict_naming_the_step(adapter_class: type, verdict_text: str, tmp_path: Path) -> None:
+    adapter = adapter_class()
+    result = run_machine("layer_cache", adapter, property_id=adapter.name, settings=QUICK, trace_dir=tmp_path,
+                         parameters={"style": "interleaved", "grouped": False})
+    assert isinstance(result.failure, NonConformance), result.failure
+    message = str(result.failure)
+    assert verdict_text in message
+    assert message.startswith(("append a row", "append a peaked row"))  # the step, by what it did
+    assert result.steps <= 3, f"shrunk to {result.steps} steps"
+    assert result.trace is not None and f"counterexample trace: {result.trace.name}" in message.replace(
+        str(result.trace.parent) + "/", "")
+    replayed = replay.replay(trace.load(result.trace), adapter, out=lambda line: None)
+    assert (replayed.status, replayed.step) == ("diverges", result.failing_step)
+    assert verdict_text in replayed.message
+
+
+def test_a_hanging_call_is_stopped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verdict, "CALL_TIMEOUT", 0.5)
+    adapter = misbehaving.Hangs()
+    start = time.perf_counter()
+    result = run_machine("layer_cache", adapter, property_id=adapter.name, settings=QUICK, trace_dir=tmp_path,
+                         parameters={"style": "interleaved", "grouped": False})
+    assert time.perf_counter() - start < 30  # one timeout, no shrinking through hangs
+    assert isinstance(result.failure, NonConformance)
+    assert "did not return within 0.5 s" in str(result.failure)
+    assert str(result.failure).startswith(("append a row", "append a peaked row"))
+    assert result.trace is not None
+    replayed = replay.replay(trace.load(result.trace), adapter, out=lambda line: None)
+    assert (replayed.status, replayed.step) == ("diverges", result.failing_step)
+
+
+def test_the_reference_passes_the_same_quick_run(tmp_path: Path) -> None:
+    """The control: what fails above is the misbehaviour, not the quick settings."""
+    from impl.conformance import ReferenceAdapter
+
+    result = run_machine("layer_cache", ReferenceAdapter(), property_id="reference", settings=QUICK,
+                         trace_dir=tmp_path, parameters={"style": "interleaved", "grouped": False})
+    assert result.failure is None and result.trace is None and not list(tmp_path.iterdir())

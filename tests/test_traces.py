@@ -1,0 +1,102 @@
+"""Counterexample traces: exact round trips, and replays that reach the same verdict anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import rule
+
+from examples.minimal_adapter import make_adapter as minimal_adapter
+from impl.conformance import ReferenceAdapter
+from oracle import AttentionWeights, DecoderConfig, RopeConfig
+from properties import replay, selection, trace
+from properties.strategies import LayerConfig
+from tests.mutants import MUTANTS, build
+
+REGRESSIONS = Path(__file__).parent / "regressions"
+CORPUS = sorted(REGRESSIONS.glob("*.json"))
+
+
+def test_values_round_trip_exactly() -> None:
+    w = np.array([[0.1, -2.5e-300], [np.nextafter(1.0, 2.0), -0.0]])
+    values = [
+        None, True, 3, 0.1, math.inf, -math.inf, "01", [1.0, 2], [[0]], (("query", 3, 1.5),),
+        np.array([math.nan, math.inf, 1e308]), np.array([[1 + 2j, math.nan - 1j]]), np.zeros((2, 0, 3)),
+        np.array([1, -2], dtype=np.int64), np.array([True]),
+        LayerConfig(AttentionWeights(w, w, w, w, heads=1, kv_heads=1), RopeConfig("half_split", 10000.0, 2, 7), 2, 3),
+        DecoderConfig(vocab=5, window=2),
+    ]
+    for value in values:
+        text = json.dumps(trace.encode(value), allow_nan=False)
+        again = trace.decode(json.loads(text))
+        assert json.dumps(trace.encode(again), allow_nan=False) == text
+        assert type(again) is type(value)
+        if isinstance(value, np.ndarray):
+            assert again.dtype == value.dtype and again.shape == value.shape
+            assert again.tobytes() == value.tobytes()
+    assert math.copysign(1.0, trace.decode(trace.encode(np.array([-0.0])))[0]) == -1.0
+
+
+def test_a_rule_that_is_not_traced_is_refused() -> None:
+    with pytest.raises(TypeError, match="not @traced"):
+        class Untraced(trace.TracedMachine):
+            @rule(data=st.data())
+            def forgot(self, data: st.DataObject) -> None:
+                pass
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_a_mutant_trace_fails_the_mutant_at_the_recorded_step_and_passes_the_reference(
+        path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    document = trace.load(path)
+    name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-")
+    mutant = next(m for m in MUTANTS if m.name == name)
+    spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
+    against_mutant = replay.replay(document, selection.load_adapter(spec), out=lambda line: None)
+    assert (against_mutant.status, against_mutant.step) == ("diverges", document["failure"]["step"])
+    assert against_mutant.message.splitlines()[0] == document["failure"]["message"].splitlines()[0]
+    against_reference = replay.replay(document, ReferenceAdapter(), out=lambda line: None)
+    assert against_reference.conforms, against_reference.message
+
+
+def test_the_corpus_holds_a_trace_of_every_machine() -> None:
+    assert {trace.load(p)["machine"] for p in CORPUS} == {"layer_cache", "session", "prefix_store"}
+
+
+def test_replay_needs_what_the_trace_needs() -> None:
+    """A trace that drew a capability the implementation lacks is not applicable -- and says why."""
+    gqa = next(p for p in CORPUS if trace.load(p)["parameters"].get("grouped") is True)
+    verdict = replay.replay(trace.load(gqa), minimal_adapter(), out=lambda line: None)
+    assert verdict.status == "not applicable"
+    assert "gqa" in verdict.message or "rope_half_split" in verdict.message
+
+
+def test_the_replay_command_exits_by_verdict(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    monkeypatch.setattr(selection, "_selected", selection._selected)  # main() selects; restored afterwards
+    monkeypatch.setattr(selection, "_oracle", selection._oracle)
+    path = next(p for p in CORPUS if trace.load(p)["machine"] == "layer_cache")
+    assert replay.main([str(path), "--kv-impl", "impl.conformance:make_adapter"]) == 0
+    mutant = next(m for m in MUTANTS if m.name == trace.load(path)["recorded_with"]["implementation"][12:])
+    spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
+    assert replay.main([str(path), "--kv-impl", spec]) == 1
+    out = capsys.readouterr().out
+    assert f"DIVERGES at step {trace.load(path)['failure']['step']}" in out
+
+
+def test_a_trace_from_another_suite_version_is_refused(tmp_path: Path) -> None:
+    document = json.loads(CORPUS[0].read_text())
+    document["steps"][0]["draws"][0]["label"] = "renamed"
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(document))
+    with pytest.raises(trace.TraceError, match="the suite changed"):
+        replay.replay(trace.load(changed), ReferenceAdapter(), out=lambda line: None)
+    document["format_version"] = 99
+    changed.write_text(json.dumps(document))
+    with pytest.raises(trace.TraceError, match="format version 99"):
+        trace.load(changed)
