@@ -8,8 +8,16 @@
   be at most ``FACTOR`` times the worst error of the naive full-prefix
   computation done in the same dtype (the oracle's own code with every
   scalar operation rounded to the dtype, ``oracle.numpy_precision``), plus a
-  floor of one unit in the last place of the dtype at the expected values'
-  magnitude (so an exactly representable answer does not demand exactness).
+  floor of ``FLOOR_ULPS`` units in the last place of the dtype at the
+  expected values' magnitude.
+
+Why the floor is 8 ulps: FlashAttention compares maxima over large tensors,
+where a lucky naive result is averaged away; here a step may have a single
+output element, and the naive computation is sometimes lucky. Measured on
+13,000 float32 steps of ``examples/minimal_adapter.py:make_float32_adapter``
+against random layers: the implementation's error reached 4.8 ulps at the
+output's magnitude, the ratio error / (2 x naive + 1 ulp) reached 1.9 (a
+false alarm every ~500 steps), the ratio error / (2 x naive + 8 ulps) 0.57.
 
 An adapter declares its dtype with an optional ``dtype`` attribute. Ground
 truth is the ``--oracle`` (float64 by default: within 1e-13 of mpmath,
@@ -31,6 +39,7 @@ from .verdict import assert_close
 DTYPES = ("float64", *LOW_PRECISIONS)
 ABSOLUTE = 1e-12  # float64, on the documented ranges
 FACTOR = 2.0  # FlashAttention's tests: |out - ref| <= 2 |out_naive - ref| (+ a floor)
+FLOOR_ULPS = 8.0
 _EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 T = TypeVar("T")
@@ -64,7 +73,7 @@ class Judge:
         if self.dtype == "float64":
             return f"float64: |error| <= {ABSOLUTE:.0e} absolute against the {self.oracle.name} oracle"
         return (f"{self.dtype}: |error| <= {FACTOR:g} x |error of the naive {self.dtype} full-prefix computation| "
-                f"+ one {self.dtype} ulp at the expected magnitude, against the {self.oracle.name} oracle")
+                f"+ {FLOOR_ULPS:g} {self.dtype} ulps at the expected magnitude, against the {self.oracle.name} oracle")
 
     def reference(self, compute: Callable[[NumberSystem], T]) -> Reference[T]:
         naive = None if self.dtype == "float64" else compute(numpy_precision(self.dtype))
@@ -76,7 +85,7 @@ class Judge:
         scale = float(np.max(np.abs(expected), initial=1.0))
         error = np.abs(np.asarray(naive, dtype=np.float64) - expected)
         budget = float(np.max(np.where(np.isfinite(error), error, np.inf), initial=0.0))
-        return FACTOR * budget + _EPS[self.dtype] * scale
+        return FACTOR * budget + FLOOR_ULPS * _EPS[self.dtype] * scale
 
     def bound(self, reference: Reference[T], select: Callable[[T], np.ndarray]) -> tuple[np.ndarray, float]:
         """The expected array ``select(reference.truth)`` and this rule's tolerance for it."""
