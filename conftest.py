@@ -5,8 +5,9 @@
 ``--hypothesis-profile`` (or ``HYPOTHESIS_PROFILE``) one of
 ``properties/profiles.py``. Every pytest process -- each xdist worker too --
 resolves them here, once. ``--kv-traces`` is where counterexample traces go,
-``--kv-regressions`` adds trace corpora to replay, ``--kv-report`` writes
-the conformance report.
+``--kv-regressions`` adds trace corpora to replay, ``--kv-call-timeout``
+bounds every call into the implementation, ``--kv-report`` writes the
+conformance report.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from properties import profiles, selection
+from properties import profiles, selection, verdict
 from properties.report import ConformanceReport
 from properties.runner import PropertyRun
 from properties.tolerance import Judge, declared_dtype
@@ -40,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where a failing machine writes its counterexample trace (default: %(default)s)")
     group.addoption("--kv-regressions", action="append", default=[], metavar="DIR",
                     help=f"also replay every trace in DIR (always: {REGRESSIONS.relative_to(ROOT)})")
+    group.addoption("--kv-call-timeout", type=float, default=verdict.CALL_TIMEOUT, metavar="SECONDS",
+                    help="a call into the implementation that takes longer is a non-conformance naming the step "
+                         "(default: %(default)s; 0: no limit)")
     group.addoption("--kv-report", default=None, metavar="PATH",
                     help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
 
@@ -52,6 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(error)) from None
     profiles.register(DATABASE_ROOT, selection.database_key(adapter))
     profiles.load()
+    verdict.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve()), "kvcache-report")

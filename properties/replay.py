@@ -79,7 +79,11 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
             out(f"{shown}: NOT APPLICABLE\n    {reason}")
             return verdict("not applicable", index, str(reason))
         except (NonConformance, AdapterHung) as failure:
-            out(f"{shown}: DIVERGES\n" + "\n".join(f"    {line}" for line in str(failure).splitlines()))
+            out(f"{shown}: DIVERGES")
+            expected = machine.tape.steps[-1].expected if machine.tape.steps else []
+            for number, expectation in enumerate(expected):  # the last one is where it diverged
+                out(f"    {describe(expectation)}{'' if number == len(expected) - 1 else ' -- ok'}")
+            out("\n".join(f"    >> {line}" for line in str(failure).splitlines()))
             return verdict("diverges", index, str(failure))
         out(f"{shown}: ok")
         for expectation in machine.tape.steps[-1].expected:

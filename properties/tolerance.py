@@ -34,7 +34,7 @@ import numpy as np
 
 from oracle import LOW_PRECISIONS, NumberSystem, numpy_precision
 
-from .verdict import assert_close
+from .verdict import NonConformance, assert_close
 
 DTYPES = ("float64", *LOW_PRECISIONS)
 ABSOLUTE = 1e-12  # float64, on the documented ranges
@@ -96,11 +96,20 @@ class Judge:
               axes: Sequence[str] = ("batch", "head", "position", "feature")) -> float:
         """``assert_close`` with this rule's dtype check, remembering the closest call to the tolerance."""
         __tracebackhide__ = True
-        error = assert_close(actual, expected, tolerance=tolerance, what=what, axes=axes,
-                             dtype=np.float64 if self.dtype == "float64" else None)
+        try:
+            error = assert_close(actual, expected, tolerance=tolerance, what=what, axes=axes,
+                                 dtype=np.float64 if self.dtype == "float64" else None)
+        except NonConformance:
+            if isinstance(actual, np.ndarray) and actual.shape == expected.shape and actual.size:
+                self._observe(float(np.nan_to_num(np.abs(actual.astype(np.float64) - expected), nan=np.inf).max()),
+                              tolerance)
+            raise
+        self._observe(error, tolerance)
+        return error
+
+    def _observe(self, error: float, tolerance: float) -> None:
         if tolerance > 0 and error / tolerance >= self.worst[0] / self.worst[1]:
             self.worst = (error, tolerance)
-        return error
 
 
 def declared_dtype(adapter: Any) -> str:
