@@ -195,7 +195,7 @@ class LlamaLayerAdapter:
         length = _length(cache.hf)
         keys, values = cache.hf.layers[0].keys, cache.hf.layers[0].values
         if keys is None or keys.numel() == 0:  # not made yet: transformers allocates on the first update
-            batch, kv, capacity, dh = cache.shape
+            batch, kv, _, dh = cache.shape
             empty = np.zeros((batch, kv, 0, dh))
             if not self.static:
                 return Snapshot(length, empty, empty)
