@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings
 
 from properties import profiles, selection, verdict
-from properties.report import ConformanceReport
+from properties.report import ConformanceReport, examples_from_statistics
 from properties.runner import PropertyRun
 from properties.tolerance import Judge, declared_dtype
 
@@ -60,6 +60,19 @@ def pytest_configure(config: pytest.Config) -> None:
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve()), "kvcache-report")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """For ``@given`` properties, the report's ``runs`` come from Hypothesis's own statistics."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    described = getattr(item, "hypothesis_statistics", None)
+    if report.when == "call" and described and not any(name == "kv_runs" for name, _ in item.user_properties):
+        runs = examples_from_statistics(described)
+        if runs is not None:
+            item.user_properties.append(("kv_runs", runs))
+            report.user_properties = list(item.user_properties)
 
 
 @pytest.fixture

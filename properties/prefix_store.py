@@ -31,6 +31,7 @@ from .trace import TracedMachine, traced
 from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success, fields
 
 SCOPES = ("app", "other app")
+VARIANTS = ("extend", "truncate", "edit", "edit and extend", "same")  # queries built from a stored prompt
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,15 @@ class PrefixStoreMachine(TracedMachine):
 
     def _tokens(self, data: st.DataObject) -> tuple[list[int], Entry | None]:
         """A query built from a stored prefix (extended, truncated or edited), or fresh; and that entry."""
-        vocab = self.config.vocab
-        kinds = ["fresh"] + (["extend", "truncate", "edit", "edit and extend", "same"] if self.entries else [])
+        kinds = ["fresh", *(VARIANTS if self.entries else ())]
         kind = data.draw(st.sampled_from(kinds), label="query kind")
         if kind == "fresh":
-            return data.draw(s.token_lists(vocab, 1, 8), label="tokens"), None
+            return data.draw(s.token_lists(self.config.vocab, 1, 8), label="tokens"), None
         entry = self.entries[data.draw(st.sampled_from(range(len(self.entries))), label="from entry")]
-        base = list(entry.tokens)
+        return self._variant(data, list(entry.tokens), kind), entry
+
+    def _variant(self, data: st.DataObject, base: list[int], kind: str) -> list[int]:
+        vocab = self.config.vocab
         if kind in ("extend", "edit and extend"):
             base += data.draw(s.token_lists(vocab, 1, 3), label="extension")
         if kind == "truncate":
@@ -120,7 +123,7 @@ class PrefixStoreMachine(TracedMachine):
         if kind.startswith("edit") and vocab > 1:
             at = data.draw(st.integers(0, len(base) - 1), label="edit at")
             base[at] = data.draw(st.integers(0, vocab - 1).filter(lambda t: t != base[at]), label="new id")
-        return base[:s.MAX_SEQUENCE], entry
+        return base[:s.MAX_SEQUENCE]
 
     def _call(self, verb: str, data: st.DataObject) -> None:
         tokens, entry = self._tokens(data)
@@ -131,6 +134,10 @@ class PrefixStoreMachine(TracedMachine):
         else:
             scope = data.draw(st.sampled_from(SCOPES), label="scope")
             index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        self._store(verb, tokens, scope, index)
+
+    def _store(self, verb: str, tokens: list[int], scope: str, index: int) -> None:
+        """One store call, checked against SPEC §5's choice of entry and cut and the oracle's logits."""
         weights, key = self.weights[index], signature(self.weights[index])
         reused, cut = (None, 0) if verb == "prefill" else expected_reuse(
             self.entries, scope, key, tokens, self.config.window is not None)
@@ -163,6 +170,32 @@ class PrefixStoreMachine(TracedMachine):
     @traced
     def query(self, data: st.DataObject) -> None:
         self._call("query", data)
+
+    @rule(data=st.data())
+    @traced
+    def prefill_then_query_a_variant(self, data: st.DataObject) -> None:
+        """A prompt stored, then a query built from it in the same context: reused up to the contiguous
+        common prefix, whatever else is stored. (The rules below each do their whole scenario: Hypothesis
+        disables a random subset of rules in every run, which would often keep prefill and query apart.)"""
+        tokens = data.draw(s.token_lists(self.config.vocab, 1, 8), label="tokens")
+        scope = data.draw(st.sampled_from(SCOPES), label="scope")
+        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        self._store("prefill", tokens, scope, index)
+        kind = data.draw(st.sampled_from(VARIANTS), label="query kind")
+        self._store("query", self._variant(data, list(tokens), kind), scope, index)
+
+    @rule(data=st.data())
+    @traced
+    def prefill_twice_then_query(self, data: st.DataObject) -> None:
+        """One prompt stored twice in one context: the two entries tie for a query that extends it,
+        and the newest must win."""
+        tokens = data.draw(s.token_lists(self.config.vocab, 1, 6), label="tokens")
+        scope = data.draw(st.sampled_from(SCOPES), label="scope")
+        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        self._store("prefill", tokens, scope, index)
+        self._store("prefill", tokens, scope, index)
+        extension = data.draw(s.token_lists(self.config.vocab, 0, 2), label="extension")
+        self._store("query", tokens + extension, scope, index)
 
     @precondition(lambda self: Capability.INPUT_VALIDATION.value in self.capabilities)
     @rule(data=st.data())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,12 @@ class ConformanceReport:
             "summary": counts,
             "properties": entries,
         }
+
+
+def examples_from_statistics(described: str) -> int | None:
+    """Examples a ``@given`` test ran, summed over phases, from Hypothesis's statistics text; None if unknown."""
+    counts = re.findall(r"(\d+) passing, (\d+) failing, and (\d+) invalid", described)
+    return sum(int(p) + int(f) + int(i) for p, f, i in counts) if counts else None
 
 
 def _first_line(report: pytest.TestReport) -> str:

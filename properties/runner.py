@@ -64,7 +64,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         if result.first_failing is None and NonConformance.raised > raised_before:
             result.first_failing = result.runs
         result.runs += 1
-        if last and hasattr(last[0], "judge"):
+        if last:
             _keep_worst(result, last[0])
         last[:] = [cls(adapter, numbers=numbers, **parameters)]  # type: ignore[call-arg]
         return last[0]

@@ -34,7 +34,7 @@ def test_misbehaviour_is_a_verdict_naming_the_step(adapter_class: type, verdict_
     assert isinstance(result.failure, NonConformance), result.failure
     message = str(result.failure)
     assert verdict_text in message
-    assert message.startswith(("append a row", "append a peaked row"))  # the step, by what it did
+    assert message.startswith("append ")  # the step, by what it did: "append a row ...", "append through ..."
     assert result.steps <= 3, f"shrunk to {result.steps} steps"
     assert result.trace is not None and f"counterexample trace: {result.trace.name}" in message.replace(
         str(result.trace.parent) + "/", "")
@@ -52,7 +52,7 @@ def test_a_hanging_call_is_stopped_and_named(tmp_path: Path, monkeypatch: pytest
     assert time.perf_counter() - start < 30  # one timeout, no shrinking through hangs
     assert isinstance(result.failure, NonConformance)
     assert "did not return within 0.5 s" in str(result.failure)
-    assert str(result.failure).startswith(("append a row", "append a peaked row"))
+    assert str(result.failure).startswith("append ")
     assert result.trace is not None
     replayed = replay.replay(trace.load(result.trace), adapter, out=lambda line: None)
     assert (replayed.status, replayed.step) == ("diverges", result.failing_step)
