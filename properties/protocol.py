@@ -96,10 +96,13 @@ class CacheSnapshot:
 class KvCacheAdapter(Protocol):
     """Drives one KV-cache implementation for the suite.
 
-    Every array the suite passes is float64 unless a test says otherwise, and
-    the adapter may keep it. ``step`` returns the layer output ``[B, 1, D]``.
-    Exceptions the implementation raises on purpose must be mapped by
-    ``error_kind``; returning None marks an exception as unexpected.
+    Every array the suite passes is float64 unless a test says otherwise; the
+    adapter may keep it but must not write into it. ``step`` returns the
+    layer output ``[B, 1, D]``. Exceptions the implementation raises on
+    purpose must be mapped by ``error_kind``; returning None marks an
+    exception as unexpected. An optional ``dtype`` attribute (``"float64"``,
+    the default, ``"float32"``, ``"float16"``, ``"bfloat16"``) chooses the
+    tolerance rule (``properties/tolerance.py``).
     """
 
     name: str  # implementation id: names its example database and reports
