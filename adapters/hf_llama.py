@@ -331,7 +331,7 @@ class LlamaDecoderAdapter(LlamaLayerAdapter):
     def store_prefill(self, store: list[Any], decoder: Decoder, scope: str, tokens: Any) -> StoreResult:
         cache = DynamicCache(config=decoder.hf)
         logits = decoder.forward(list(tokens), cache)
-        store.append(Entry(scope, decoder.signature(), tuple(tokens), copy.deepcopy(cache)))
+        store.append(Entry(scope, decoder.signature(), tuple(tokens), cache))  # queries fork it with deepcopy
         del store[1:-store[0]]  # evict the oldest beyond capacity
         rows = 3 * len(decoder.blocks) * len(tokens)
         return StoreResult(logits, 0, rows, rows, None)
