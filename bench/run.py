@@ -13,6 +13,9 @@
 - store: prefix-store query time against the cut for a 2,048-token query.
 - mutants: for each mutant, the example at which the ``ci`` machine first
   failed, runs including shrinking, and the shrunk program's length.
+- tolerance: the float32 example adapter on 3,000 random layers (~13,000
+  steps): its error in ulps at the output's magnitude, and its error as a
+  fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
 - traces: every trace of ``tests/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
@@ -127,6 +130,38 @@ def bench_mutants() -> None:
           + (f"; survived: {survivors}" if survivors else ""))
 
 
+def bench_tolerance() -> None:
+    from examples.minimal_adapter import make_float32_adapter
+    from oracle import AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
+    from properties.tolerance import FACTOR, FLOOR_ULPS
+
+    f32, eps, adapter, rng = numpy_precision("float32"), 2.0**-23, make_float32_adapter(), np.random.default_rng(0)
+    ulps, naive_ulps = [], []
+    for _ in range(3000):
+        heads, dh, width, length = (int(v) for v in (rng.integers(1, 5), 2 * rng.integers(1, 5),
+                                                     rng.integers(1, 9), rng.integers(1, 9)))
+        shapes = [(width, heads * dh)] * 3 + [(heads * dh, width)]
+        weights = AttentionWeights(*(rng.uniform(-1, 1, shape) for shape in shapes), heads=heads, kv_heads=heads)
+        rope = RopeConfig("interleaved", float(rng.choice([2.0, 10.0, 1e4, 5e5])), dh, 64)
+        x = rng.uniform(-1, 1, (int(rng.integers(1, 4)), length, width))
+        truth = full_prefix_attention(x, weights, rope).outputs
+        naive = full_prefix_attention(x, weights, rope, numbers=f32).outputs
+        layer = adapter.create_layer(weights, rope)
+        cache = adapter.create_cache(layer, x.shape[0], 64)
+        for t in range(length):
+            out = adapter.step(layer, cache, x[:, t:t + 1].copy()).astype(np.float64)
+            scale = eps * max(1.0, float(np.abs(truth[:, t]).max()))
+            ulps.append(float(np.abs(out[:, 0] - truth[:, t]).max()) / scale)
+            naive_ulps.append(float(np.abs(naive[:, t] - truth[:, t]).max()) / scale)
+    error, naive = np.array(ulps), np.array(naive_ulps)
+    print(f"float32 example adapter, {len(error)} steps: error in ulps at the output's magnitude: median "
+          f"{np.median(error):.2f}, 99.9% {np.quantile(error, 0.999):.2f}, max {error.max():.2f}")
+    for floor in (1.0, FLOOR_ULPS):
+        ratio = error / (FACTOR * naive + floor)
+        print(f"  error / ({FACTOR:g} x naive + {floor:g} ulps): max {ratio.max():.2f}, steps over 1: "
+              f"{int((ratio > 1).sum())}")
+
+
 def bench_traces() -> None:
     from impl.conformance import ReferenceAdapter
     from properties import replay, selection, trace
@@ -200,7 +235,7 @@ def bench_store() -> None:
 
 
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
-           "mutants": bench_mutants, "traces": bench_traces}
+           "mutants": bench_mutants, "tolerance": bench_tolerance, "traces": bench_traces}
 
 
 def main() -> None:

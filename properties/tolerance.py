@@ -13,11 +13,12 @@
 
 Why the floor is 8 ulps: FlashAttention compares maxima over large tensors,
 where a lucky naive result is averaged away; here a step may have a single
-output element, and the naive computation is sometimes lucky. Measured on
-13,000 float32 steps of ``examples/minimal_adapter.py:make_float32_adapter``
-against random layers: the implementation's error reached 4.8 ulps at the
-output's magnitude, the ratio error / (2 x naive + 1 ulp) reached 1.9 (a
-false alarm every ~500 steps), the ratio error / (2 x naive + 8 ulps) 0.57.
+output element, and the naive computation is sometimes lucky. Measured by
+``python bench/run.py --only tolerance`` (13,489 float32 steps of
+``examples/minimal_adapter.py:make_float32_adapter`` on random layers): the
+implementation's error reaches 5.3 ulps at the output's magnitude; the
+ratio error / (2 x naive + 1 ulp) reaches 1.68, over 1 in 25 steps (a false
+alarm every ~500 steps); error / (2 x naive + 8 ulps) reaches 0.43.
 
 An adapter declares its dtype with an optional ``dtype`` attribute. Ground
 truth is the ``--oracle`` (float64 by default: within 1e-13 of mpmath,
