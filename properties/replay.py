@@ -71,7 +71,7 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
         try:
             if not all(precondition(machine) for precondition in rules[name].preconditions):
                 raise trace.NotApplicable(f"{name}'s precondition does not hold here; it depends on the "
-                                          "implementation's capabilities")
+                                          "implementation's capabilities and dtype")
             getattr(machine, name)(**arguments)
             for check in invariants:
                 check(machine)

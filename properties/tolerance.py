@@ -18,7 +18,9 @@ output element, and the naive computation is sometimes lucky. Measured by
 ``examples/minimal_adapter.py:make_float32_adapter`` on random layers): the
 implementation's error reaches 5.3 ulps at the output's magnitude; the
 ratio error / (2 x naive + 1 ulp) reaches 1.68, over 1 in 25 steps (a false
-alarm every ~500 steps); error / (2 x naive + 8 ulps) reaches 0.43.
+alarm every ~500 steps); error / (2 x naive + 8 ulps) reaches 0.43. That
+is on the documented input ranges: the layer machine's peaked rows (inputs
+up to 60) are drawn for float64 implementations only.
 
 An adapter declares its dtype with an optional ``dtype`` attribute. Ground
 truth is the ``--oracle`` (float64 by default: within 1e-13 of mpmath,
