@@ -29,6 +29,7 @@ from .layer_cache import LayerCacheMachine
 from .prefix_store import PrefixStoreMachine
 from .protocol import KvCacheAdapter
 from .session import SessionMachine
+from .tolerance import closer_to_failing
 from .verdict import AdapterHung, NonConformance
 
 # The machines a trace may name (a trace never names a module: it cannot make replay import code).
@@ -82,7 +83,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     if result.failure is not None and last and last[0].tape.steps:
         tape = last[0].tape
         result.failing_step = len(tape.steps) - 1
-        result.steps = sum(1 for step in tape.steps if step.rule not in _initializers(cls))
+        result.steps = sum(1 for step in tape.steps if step.rule not in trace.initializers_of(cls))
         if trace_dir is not None:
             document = _document(machine, adapter, spec, property_id, parameters, requires, numbers, last[0], result)
             name = f"{adapter.name}-{property_id.rpartition('::')[2]}"
@@ -93,16 +94,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
 
 
 def _keep_worst(result: RunResult, machine: Any) -> None:
-    error, tolerance = machine.judge.worst
-    if error / tolerance >= result.worst[0] / result.worst[1]:
-        result.worst = (error, tolerance)
-
-
-@cache
-def _initializers(cls: type) -> frozenset[str]:
-    from hypothesis.stateful import INITIALIZE_RULE_MARKER
-
-    return frozenset(name for name in dir(cls) if hasattr(getattr(cls, name, None), INITIALIZE_RULE_MARKER))
+    result.worst = closer_to_failing(machine.judge.worst, result.worst)
 
 
 def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_id: str, parameters: dict[str, Any],

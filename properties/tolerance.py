@@ -111,8 +111,13 @@ class Judge:
         return error
 
     def _observe(self, error: float, tolerance: float) -> None:
-        if tolerance > 0 and error / tolerance >= self.worst[0] / self.worst[1]:
-            self.worst = (error, tolerance)
+        if tolerance > 0:
+            self.worst = closer_to_failing((error, tolerance), self.worst)
+
+
+def closer_to_failing(candidate: tuple[float, float], worst: tuple[float, float]) -> tuple[float, float]:
+    """Of two (error, tolerance) pairs, the one with the larger error / tolerance (ties to ``candidate``)."""
+    return candidate if candidate[0] / candidate[1] >= worst[0] / worst[1] else worst
 
 
 def declared_dtype(adapter: Any) -> str:

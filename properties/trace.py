@@ -248,6 +248,13 @@ def rules_of(cls: type) -> dict[str, Any]:
     return found
 
 
+def initializers_of(cls: type) -> frozenset[str]:
+    """Names of the machine's initialize rules (set-up, not counted as steps of a program)."""
+    from hypothesis.stateful import INITIALIZE_RULE_MARKER
+
+    return frozenset(name for name in dir(cls) if hasattr(getattr(cls, name, None), INITIALIZE_RULE_MARKER))
+
+
 def invariants_of(cls: type) -> list[Callable[[Any], None]]:
     from hypothesis.stateful import INVARIANT_MARKER
 
