@@ -338,16 +338,17 @@ class LlamaDecoderAdapter(LlamaLayerAdapter):
 
     def store_query(self, store: list[Any], decoder: Decoder, scope: str, tokens: Any) -> StoreResult:
         tokens = list(tokens)
-        signature, best, cut = decoder.signature(), None, 0
+        signature, best, longest = decoder.signature(), None, 0
         for index, entry in enumerate(store[1:]):  # oldest first: ">=" hands ties to the newest
             if entry.scope != scope or entry.signature != signature:
                 continue
             common = 0
             while common < min(len(entry.tokens), len(tokens)) and entry.tokens[common] == tokens[common]:
                 common += 1
-            usable = min(common, len(tokens) - 1)
-            if usable > 0 and usable >= cut:
-                best, cut = index, usable
+            if common > 0 and common >= longest:  # the longest common prefix wins; the cap comes after
+                best, longest = index, common
+        cut = min(longest, len(tokens) - 1)  # at least the last token is recomputed
+        best = best if cut > 0 else None
         cache = DynamicCache(config=decoder.hf)
         if best is not None:
             cache = copy.deepcopy(store[1 + best].cache)

@@ -104,10 +104,11 @@ class PrefixStore:
         Only entries of this scope and signature count. A full-attention entry
         is usable up to its longest contiguous common prefix with the query; a
         sliding-window entry only when all of it matches and the query extends
-        it. Longest first, ties to the newest, and never the whole query: at
-        least the last token is recomputed.
+        it. The longest common prefix wins, ties to the newest; only then is
+        the cut capped below the query's length, so that at least the last
+        token is recomputed (the seed's order). A cut capped to 0 reuses nothing.
         """
-        best: tuple[int | None, int] = (None, 0)
+        best, longest = None, 0
         for index in reversed(range(len(self._entries))):  # newest first: ties keep the newest
             entry = self._entries[index]
             if entry.scope != scope or entry.signature != signature:
@@ -115,10 +116,10 @@ class PrefixStore:
             common = _common_prefix(entry.tokens, tokens)
             if entry.windowed and not (common == len(entry.tokens) < len(tokens)):
                 continue  # a partial hit on a window: the rows before the cut are gone
-            cut = min(common, len(tokens) - 1)
-            if cut > best[1]:
-                best = (index, cut)
-        return best
+            if common > longest:
+                best, longest = index, common
+        cut = min(longest, len(tokens) - 1)
+        return (best, cut) if cut > 0 else (None, 0)
 
     def _validate(self, model: Decoder, scope: str, tokens: Sequence[int]) -> tuple[np.ndarray, str]:
         if not isinstance(scope, str):

@@ -146,6 +146,12 @@ MUTANTS = (
     Mutant("ties_to_the_oldest", "prefix_store.py",
            (("for index in reversed(range(len(self._entries))):", "for index in range(len(self._entries)):"),),
            "hands ties to the oldest entry", "prefix store"),
+    Mutant("ties_compared_after_capping", "prefix_store.py",
+           (("            if common > longest:\n                best, longest = index, common\n",
+             "            if min(common, len(tokens) - 1) > longest:\n"
+             "                best, longest = index, min(common, len(tokens) - 1)\n"),),
+           "caps each entry's common prefix before comparing: a newer, shorter entry wins a false tie",
+           "prefix store"),
     Mutant("integral_float_token_accepted", "decoder.py",
            (("not isinstance(t, (int, np.integer))]", "not isinstance(t, (int, np.integer, float))]"),),
            "accepts 1.0 as token id 1", "prefix store"),
@@ -153,7 +159,7 @@ MUTANTS = (
            (("return [_copy(entry) for entry in self._entries]", "return list(self._entries)"),),
            "entries() hands out the stored arrays themselves", "prefix store"),
     Mutant("empty_suffix_on_full_hit", "prefix_store.py",
-           (("cut = min(common, len(tokens) - 1)", "cut = common"),),
+           (("cut = min(longest, len(tokens) - 1)", "cut = longest"),),
            "reuses the whole query, leaving nothing to compute the last logits from", "prefix store"),
     Mutant("evicts_the_newest", "prefix_store.py",
            (("del self._entries[:-self.capacity]", "del self._entries[self.capacity:]"),),
@@ -239,3 +245,33 @@ def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill
         if result.failure is not None:
             raise result.failure
     return None
+
+
+def write_corpus(directory: Path, names: list[str] | None = None) -> None:
+    """Kill each named mutant (all by default) and keep the trace of its shrunk run in ``directory``."""
+    import tempfile
+
+    chosen = [m for m in MUTANTS if names is None or m.name in names]
+    unknown = set(names or ()) - {m.name for m in chosen}
+    if unknown:
+        raise SystemExit(f"no such mutant: {', '.join(sorted(unknown))}")
+    directory.mkdir(parents=True, exist_ok=True)
+    builds = Path(tempfile.mkdtemp())
+    for mutant in chosen:
+        for old in directory.glob(f"impl-mutant-{mutant.name}-*.json"):
+            old.unlink()
+        caught = kill(mutant, builds, trace_dir=directory)
+        if caught is None:
+            raise SystemExit(f"{mutant.name} survived: no trace written")
+        print(f"{mutant.name}: example {caught.examples}, {caught.shrunk_steps} steps -> {caught.trace}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.mutants",
+                                     description="Rewrite the regression corpus from the mutants' shrunk runs.")
+    parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "regressions")
+    parser.add_argument("names", nargs="*", help="mutants to rerun (default: all)")
+    options = parser.parse_args()
+    write_corpus(options.corpus, options.names or None)
