@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from oracle import FLOAT64, DecoderTrace, DecoderWeights, NumberSystem, full_decoder, random_decoder_weights
 
@@ -27,7 +26,7 @@ from . import strategies as s
 from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind, StoreEntry
 from .session import blocks_match_oracle, same_blocks
 from .tolerance import Judge, Reference, declared_dtype
-from .trace import TracedMachine, traced
+from .trace import Draws, TracedMachine, initialize, invariant, rule
 from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success, fields
 
 SCOPES = ("app", "other app")
@@ -107,8 +106,7 @@ class PrefixStoreMachine(TracedMachine):
         self.capabilities = frozenset(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())
-    @traced
-    def build_store(self, data: st.DataObject) -> None:
+    def build_store(self, data: Draws) -> None:
         self.config = data.draw(s.decoder_configs(self.capabilities, windowed=self.windowed), label="decoder")
         seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2), label="seeds")
         self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
@@ -125,7 +123,7 @@ class PrefixStoreMachine(TracedMachine):
         self.entries: list[Entry] = []  # oldest first
         self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, Reference[DecoderTrace]]] = {}
 
-    def _tokens(self, data: st.DataObject) -> tuple[list[int], Entry | None]:
+    def _tokens(self, data: Draws) -> tuple[list[int], Entry | None]:
         """A query built from a stored prefix (extended, truncated or edited), or fresh; and that entry."""
         kinds = ["fresh", *(VARIANTS if self.entries else ())]
         kind = data.draw(st.sampled_from(kinds), label="query kind")
@@ -134,7 +132,7 @@ class PrefixStoreMachine(TracedMachine):
         entry = self.entries[data.draw(st.sampled_from(range(len(self.entries))), label="from entry")]
         return self._variant(data, list(entry.tokens), kind), entry
 
-    def _variant(self, data: st.DataObject, base: list[int], kind: str) -> list[int]:
+    def _variant(self, data: Draws, base: list[int], kind: str) -> list[int]:
         vocab = self.config.vocab
         if kind in ("extend", "edit and extend"):
             base += data.draw(s.token_lists(vocab, 1, 3), label="extension")
@@ -145,7 +143,7 @@ class PrefixStoreMachine(TracedMachine):
             base[at] = data.draw(st.integers(0, vocab - 1).filter(lambda t: t != base[at]), label="new id")
         return base[:s.MAX_SEQUENCE]
 
-    def _call(self, verb: str, data: st.DataObject) -> None:
+    def _call(self, verb: str, data: Draws) -> None:
         tokens, entry = self._tokens(data)
         # Half the time a query built from an entry comes in that entry's scope, through its decoder: only
         # then can the entry be reused, and only with two such entries are there ties to break.
@@ -185,18 +183,15 @@ class PrefixStoreMachine(TracedMachine):
             self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights, index)][-self.capacity:]
 
     @rule(data=st.data())
-    @traced
-    def prefill(self, data: st.DataObject) -> None:
+    def prefill(self, data: Draws) -> None:
         self._call("prefill", data)
 
     @rule(data=st.data())
-    @traced
-    def query(self, data: st.DataObject) -> None:
+    def query(self, data: Draws) -> None:
         self._call("query", data)
 
     @rule(data=st.data())
-    @traced
-    def prefill_then_query_a_variant(self, data: st.DataObject) -> None:
+    def prefill_then_query_a_variant(self, data: Draws) -> None:
         """A prompt stored, then a query built from it in the same context: reused up to the contiguous
         common prefix, whatever else is stored. (The rules below each do their whole scenario: Hypothesis
         disables a random subset of rules in every run, which would often keep prefill and query apart.)"""
@@ -208,8 +203,7 @@ class PrefixStoreMachine(TracedMachine):
         self._store("query", self._variant(data, list(tokens), kind), scope, index)
 
     @rule(data=st.data())
-    @traced
-    def prefill_twice_then_query(self, data: st.DataObject) -> None:
+    def prefill_twice_then_query(self, data: Draws) -> None:
         """One prompt stored twice in one context: the two entries tie for a query that extends it,
         and the newest must win."""
         tokens = data.draw(s.token_lists(self.config.vocab, 1, 6), label="tokens")
@@ -221,8 +215,7 @@ class PrefixStoreMachine(TracedMachine):
         self._store("query", tokens + extension, scope, index)
 
     @rule(data=st.data())
-    @traced
-    def prefill_longer_then_shorter_then_query(self, data: st.DataObject) -> None:
+    def prefill_longer_then_shorter_then_query(self, data: Draws) -> None:
         """A prompt stored, then a prefix of it, then a query one token past that prefix: the longer entry
         shares more with the query and wins, although both cap to the same cut (the newer, shorter one
         would win a tie decided after capping). In the other storing order both readings agree."""
@@ -234,10 +227,8 @@ class PrefixStoreMachine(TracedMachine):
         self._store("prefill", tokens[:keep], scope, index)
         self._store("query", tokens[:keep + 1], scope, index)
 
-    @precondition(lambda self: Capability.INPUT_VALIDATION.value in self.capabilities)
-    @rule(data=st.data())
-    @traced
-    def invalid_query(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), requires=[Capability.INPUT_VALIDATION])
+    def invalid_query(self, data: Draws) -> None:
         """INVALID_TOKENS, and no entry, entry order or stored array changed."""
         problem, tokens = data.draw(s.invalid_token_sequences(self.config.vocab), label="invalid tokens")
         verb = data.draw(st.sampled_from(["prefill", "query"]), label="verb")
@@ -257,8 +248,7 @@ class PrefixStoreMachine(TracedMachine):
             same_blocks(old.blocks, new.blocks, what)
 
     @rule(data=st.data())
-    @traced
-    def update_weights_in_place(self, data: st.DataObject) -> None:
+    def update_weights_in_place(self, data: Draws) -> None:
         """The decoder's computation changes: its old entries no longer match its signature."""
         index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
         block, new = data.draw(s.block_update(self.weights[index]), label="block update")
@@ -271,9 +261,7 @@ class PrefixStoreMachine(TracedMachine):
         blocks[block] = new
         self.weights[index] = replace(self.weights[index], blocks=tuple(blocks))  # type: ignore[misc]
 
-    @precondition(lambda self: self.entries)
-    @rule()
-    @traced
+    @rule(when=lambda self: self.entries)
     def scribble_on_returned_arrays(self) -> None:
         """Whatever the store returned is the caller's: writing into it must not reach the store."""
         for entry in self._read_entries("read the entries", copy=False):

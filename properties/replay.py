@@ -61,16 +61,21 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
     parameters = {k: trace.decode(v) for k, v in document.get("parameters", {}).items()}
     machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
     machine.tape = trace.Playback(document["steps"], capabilities)
-    rules, invariants = trace.rules_of(cls), trace.invariants_of(cls)
+    specs, invariants = cls.specs(), trace.invariants_of(cls)
     for index, step in enumerate(document["steps"]):
         name = step["rule"]
-        if name not in rules:
+        spec = specs.get(name)
+        if spec is None or spec.kind == "invariant":
             raise trace.TraceError(f"step {index}: {cls.__name__} has no rule {name!r}")
         arguments = {k: trace.decode(v) for k, v in step.get("arguments", {}).items()}
         shown = f"step {index}: {name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
         try:
-            if not all(precondition(machine) for precondition in rules[name].preconditions):
-                raise trace.NotApplicable(f"{name}'s precondition does not hold here; it depends on the "
+            missing = machine.missing(spec)
+            if missing:
+                raise trace.NotApplicable(f"{name} needs {', '.join(sorted(missing))}, which {adapter.name} "
+                                          "does not declare")
+            if spec.kind == "rule" and not machine.may_run(spec):
+                raise trace.NotApplicable(f"{name} may not run in this state here; the state depends on the "
                                           "implementation's capabilities and dtype")
             getattr(machine, name)(**arguments)
             for check in invariants:

@@ -53,10 +53,17 @@ class RunResult:
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
                 requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
-                settings: Settings | None = None, spec: str | None = None) -> RunResult:
-    """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace."""
+                settings: Settings | None = None, spec: str | None = None,
+                disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+    """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
+
+    ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
+    diverged cannot go on judging)."""
     parameters = parameters or {}
     cls = MACHINES[machine]
+    unknown = sorted(disabled_rules - {name for name, s in cls.specs().items() if s.kind == "rule"})
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no rule {', '.join(unknown)} to leave out")
     result = RunResult()
     last: list[trace.TracedMachine] = []
     raised_before = NonConformance.raised
@@ -68,6 +75,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         if last:
             _keep_worst(result, last[0])
         last[:] = [cls(adapter, numbers=numbers, **parameters)]  # type: ignore[call-arg]
+        last[0].disabled_rules = disabled_rules
         return last[0]
 
     chosen = settings or Settings(report_multiple_bugs=False)

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from oracle import FLOAT64, DecoderTrace, NumberSystem, full_decoder, random_decoder_weights
 
 from . import strategies as s
 from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind
 from .tolerance import Judge, Reference, declared_dtype
-from .trace import TracedMachine, traced
+from .trace import Draws, TracedMachine, initialize, invariant, rule
 from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success
 
 
@@ -73,8 +72,7 @@ class SessionMachine(TracedMachine):
         self.capabilities = frozenset(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())
-    @traced
-    def build_decoder_and_session(self, data: st.DataObject) -> None:
+    def build_decoder_and_session(self, data: Draws) -> None:
         self.config = data.draw(s.decoder_configs(self.capabilities), label="decoder")
         self.weights = random_decoder_weights(self.config, data.draw(st.integers(0, 2**32 - 1), label="seed"))
         self.capacity = data.draw(st.integers(1, s.MAX_SEQUENCE), label="capacity")
@@ -120,8 +118,7 @@ class SessionMachine(TracedMachine):
         self.tokens, self.trace = self.tokens + new, trace
 
     @rule(data=st.data())
-    @traced
-    def prefill(self, data: st.DataObject) -> None:
+    def prefill(self, data: Draws) -> None:
         tokens = data.draw(s.token_lists(self.config.vocab), label="tokens")
         handed = Inputs()
         given = handed("tokens", tokens)
@@ -129,16 +126,13 @@ class SessionMachine(TracedMachine):
                       single=False)
 
     @rule(data=st.data())
-    @traced
-    def decode(self, data: st.DataObject) -> None:
+    def decode(self, data: Draws) -> None:
         token = data.draw(st.integers(0, self.config.vocab - 1), label="token")
         self._advance([token], f"decode {token}", lambda: self.adapter.decode(self.session, token), Inputs(),
                       single=True)
 
-    @precondition(lambda self: Capability.INPUT_VALIDATION.value in self.capabilities)
-    @rule(data=st.data())
-    @traced
-    def step_with_invalid_tokens(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), requires=[Capability.INPUT_VALIDATION])
+    def step_with_invalid_tokens(self, data: Draws) -> None:
         """Checked first, before staleness or capacity: INVALID_TOKENS, no block changed."""
         problem, tokens = data.draw(s.invalid_token_sequences(self.config.vocab), label="invalid tokens")
         decode = data.draw(st.booleans(), label="through decode")
@@ -154,15 +148,13 @@ class SessionMachine(TracedMachine):
         same_blocks(before, read_blocks(self.adapter, self.session, what), what)
 
     @rule()
-    @traced
     def reset(self) -> None:
         expect_success(call(self.adapter, "reset the session", lambda: self.adapter.reset_session(self.session)),
                        "reset the session")
         self.tokens, self.trace = [], None
 
     @rule(data=st.data())
-    @traced
-    def update_one_block_in_place(self, data: st.DataObject) -> None:
+    def update_one_block_in_place(self, data: Draws) -> None:
         """Only this block's parameters change; the session is stale as a whole."""
         block, new = data.draw(s.block_update(self.weights), label="block update")
         what = f"update block {block}'s weights in place"
@@ -178,9 +170,7 @@ class SessionMachine(TracedMachine):
         else:
             self._new_session()  # without binding checks a stale session has no specified behaviour
 
-    @precondition(lambda self: self.stale or len(self.tokens) == self.capacity)
-    @rule()
-    @traced
+    @rule(when=lambda self: self.stale or len(self.tokens) == self.capacity)
     def replace_session(self) -> None:
         self._new_session()
 

@@ -2,8 +2,9 @@
 
 Hypothesis cannot attach ``@example`` to a state machine, and
 ``@reproduce_failure`` blobs are tied to one Hypothesis version, so the
-machines keep their own record. Every rule is ``@traced``: its arguments and
-every value it draws are written down as they are drawn (arrays included, so
+machines keep their own record. Every rule is declared with this module's
+``rule`` (or ``initialize``), which wraps Hypothesis's public decorators: its
+arguments and every value it draws are written down as they are drawn (arrays included, so
 a trace never depends on numpy's random generator), and the machine notes
 what it expected of each adapter call. Replaying feeds the same values back
 into the same rules against any implementation (``properties.replay``).
@@ -20,14 +21,14 @@ import hashlib
 import inspect
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+from hypothesis import stateful
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
@@ -35,7 +36,7 @@ from .strategies import LayerConfig, requirements_of
 
 FORMAT = "kvcache-conformance-trace"
 FORMAT_VERSION = 1
-_TRACED = "_kvcache_traced"
+_SPEC = "_kvcache_rule"
 _DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, DecoderConfig, DecoderWeights, LayerConfig,
                                               RopeConfig)}
 
@@ -151,6 +152,15 @@ class Tape:
             self.steps[-1].expected.append({"call": call, **{k: encode(v) for k, v in outcome.items()}})
 
 
+class Draws(Protocol):
+    """What a rule draws from: Hypothesis's ``data`` while searching, the trace while replaying."""
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any: ...
+
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        """One of ``options`` (names or numbers); a replayed choice outside them is not applicable."""
+
+
 class _RecordingData:
     """Hypothesis's ``data`` object, writing down every value as it is drawn."""
 
@@ -161,6 +171,9 @@ class _RecordingData:
         value = self._data.draw(strategy, label=label)
         self._tape.drew(label, value)
         return value
+
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        return self.draw(st.sampled_from(list(options)), label)
 
 
 class Playback(Tape):
@@ -188,41 +201,91 @@ class Playback(Tape):
             raise TraceError(f"the rule drew {label!r}, but the trace has "
                              f"{recorded['label'] if recorded else 'no further draw'!r} (the suite changed)")
         value = decode(recorded["value"])
-        _check_applicable(strategy, value, label, self.capabilities)
+        missing = requirements_of(value) - self.capabilities
+        if missing:
+            raise NotApplicable(f"the recorded {label} needs {', '.join(sorted(missing))}")
         self.drew(label, value)
         return value
 
-
-def _check_applicable(strategy: st.SearchStrategy[Any], value: Any, label: str | None,
-                      capabilities: frozenset[str]) -> None:
-    """A recorded choice the implementation could never have been offered makes the trace inapplicable."""
-    missing = requirements_of(value) - capabilities
-    if missing:
-        raise NotApplicable(f"the recorded {label} needs {', '.join(sorted(missing))}")
-    options = getattr(getattr(strategy, "wrapped_strategy", strategy), "elements", None)
-    names = isinstance(options, (list, tuple)) and options and all(isinstance(o, (str, int)) for o in options)
-    if names and value not in options:
-        raise NotApplicable(f"the recorded {label} {value!r} is not among this implementation's options "
-                            f"{list(options)}")
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        value = self.draw(st.nothing(), label)
+        if value not in list(options):
+            raise NotApplicable(f"the recorded {label} {value!r} is not among this implementation's options "
+                                f"{list(options)}")
+        return value
 
 
-def traced(rule: Callable[..., Any]) -> Callable[..., Any]:
-    """Record this rule's arguments and draws on the machine's tape (put it under ``@rule``)."""
-    takes_data = "data" in inspect.signature(rule).parameters
+# -- rules: Hypothesis's decorators, plus recording, capability gates and switching rules off -----------
 
-    @functools.wraps(rule)
+@dataclass(frozen=True)
+class RuleSpec:
+    """What the suite knows of one rule of a machine (Hypothesis keeps its own record, privately)."""
+
+    name: str
+    kind: str  # "rule", "initialize" or "invariant"
+    requires: frozenset[str] = frozenset()  # capabilities without which the rule is never drawn
+    when: Callable[[Any], bool] | None = None  # the state in which it may be drawn
+
+
+def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` writing its arguments and draws on the machine's tape."""
+    takes_data = "data" in inspect.signature(function).parameters
+
+    @functools.wraps(function)
     def run(machine: TracedMachine, **arguments: Any) -> Any:
-        machine.tape.begin(rule.__name__, {k: v for k, v in arguments.items() if k != "data"})
+        machine.tape.begin(function.__name__, {k: v for k, v in arguments.items() if k != "data"})
         if takes_data:
             arguments["data"] = machine.tape.data(arguments.get("data"))
-        return rule(machine, **arguments)
+        return function(machine, **arguments)
 
-    setattr(run, _TRACED, True)
     return run
 
 
-class TracedMachine(RuleBasedStateMachine):
-    """A state machine whose every rule is ``@traced`` (checked when the class is made)."""
+def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = None,
+         **strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A recorded rule, drawn only when the implementation declares ``requires`` and ``when(machine)`` holds.
+
+    A rule that cannot run is never drawn: it must not return early and count as run.
+    """
+    needed = frozenset(str(getattr(c, "value", c)) for c in requires)
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        spec = RuleSpec(function.__name__, "rule", needed, when)
+        run = _recorded(function)
+        setattr(run, _SPEC, spec)
+        return stateful.precondition(lambda machine: machine.may_run(spec))(stateful.rule(**strategies)(run))
+
+    return decorate
+
+
+def initialize(**strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A recorded set-up rule: runs once, first; not counted as a step of a program."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        run = _recorded(function)
+        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize"))
+        return stateful.initialize(**strategies)(run)
+
+    return decorate
+
+
+def invariant() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A check after every rule (and after replayed steps)."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(function, _SPEC, RuleSpec(function.__name__, "invariant"))
+        return stateful.invariant()(function)
+
+    return decorate
+
+
+class TracedMachine(stateful.RuleBasedStateMachine):
+    """A state machine whose rules are all declared with this module's ``rule`` and ``initialize``.
+
+    Subclasses set ``self.capabilities``; ``disabled_rules`` (set by the runner,
+    from a known-failures file) are never drawn.
+    """
+
+    capabilities: frozenset[str] = frozenset()
+    disabled_rules: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -230,35 +293,55 @@ class TracedMachine(RuleBasedStateMachine):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name, rule in rules_of(cls).items():
-            if not getattr(rule.function, _TRACED, False):
-                raise TypeError(f"{cls.__name__}.{name} is a rule but not @traced: its runs could not be replayed")
+        hypothesis_rules = {name for name in dir(cls) if _hypothesis_rule(getattr(cls, name, None))}
+        untraced = sorted(hypothesis_rules - set(cls.specs()))
+        if untraced:
+            raise TypeError(f"{cls.__name__}.{untraced[0]} is a rule but not declared with properties.trace.rule: "
+                            "its runs could not be replayed")
+
+    @classmethod
+    def specs(cls) -> dict[str, RuleSpec]:
+        """Every rule, set-up rule and invariant of the machine, by name."""
+        found = {}
+        for name in dir(cls):
+            spec = getattr(getattr(cls, name, None), _SPEC, None)
+            if isinstance(spec, RuleSpec):
+                found[name] = spec
+        return found
+
+    def missing(self, spec: RuleSpec) -> frozenset[str]:
+        """The capabilities ``spec`` needs that the implementation does not declare."""
+        return spec.requires - self.capabilities
+
+    def may_run(self, spec: RuleSpec) -> bool:
+        return (spec.name not in self.disabled_rules and not self.missing(spec)
+                and (spec.when is None or bool(spec.when(self))))
+
+    def need(self, capability: Any, situation: str) -> None:
+        """Inside a rule: the drawn values have led where only ``capability`` says what must happen.
+
+        While searching, rules draw so that this never happens (a suite bug if
+        it does); while replaying, the trace stops applying here.
+        """
+        name = str(getattr(capability, "value", capability))
+        if name not in self.capabilities:
+            raise NotApplicable(f"{situation}: only {name} says what must happen, and it is not declared")
 
 
-def rules_of(cls: type) -> dict[str, Any]:
-    """Hypothesis's rule objects of a machine class, initialize rules included, by name."""
-    from hypothesis.stateful import INITIALIZE_RULE_MARKER, RULE_MARKER  # not public API: used here only
-
-    found = {}
-    for name in dir(cls):
-        attribute = getattr(cls, name, None)
-        rule = getattr(attribute, RULE_MARKER, None) or getattr(attribute, INITIALIZE_RULE_MARKER, None)
-        if rule is not None:
-            found[name] = rule
-    return found
+def _hypothesis_rule(attribute: Any) -> bool:
+    """Whether Hypothesis sees ``attribute`` as a rule. Its markers are private: tests/test_traces.py
+    fails loudly if they move (and pyproject pins Hypothesis below its next major)."""
+    markers = (getattr(stateful, "RULE_MARKER", None), getattr(stateful, "INITIALIZE_RULE_MARKER", None))
+    return any(marker and hasattr(attribute, marker) for marker in markers)
 
 
-def initializers_of(cls: type) -> frozenset[str]:
-    """Names of the machine's initialize rules (set-up, not counted as steps of a program)."""
-    from hypothesis.stateful import INITIALIZE_RULE_MARKER
-
-    return frozenset(name for name in dir(cls) if hasattr(getattr(cls, name, None), INITIALIZE_RULE_MARKER))
+def initializers_of(cls: type[TracedMachine]) -> frozenset[str]:
+    """Names of the machine's set-up rules (not counted as steps of a program)."""
+    return frozenset(name for name, spec in cls.specs().items() if spec.kind == "initialize")
 
 
-def invariants_of(cls: type) -> list[Callable[[Any], None]]:
-    from hypothesis.stateful import INVARIANT_MARKER
-
-    return [getattr(cls, name) for name in dir(cls) if getattr(getattr(cls, name, None), INVARIANT_MARKER, None)]
+def invariants_of(cls: type[TracedMachine]) -> list[Callable[[Any], None]]:
+    return [getattr(cls, name) for name, spec in cls.specs().items() if spec.kind == "invariant"]
 
 
 # -- files ------------------------------------------------------------------------------------------------
