@@ -16,6 +16,11 @@
 - tolerance: the float32 example adapter on 3,000 random layers (~13,000
   steps): its error in ulps at the output's magnitude, and its error as a
   fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
+- mixed: the float32-RoPE-table and float32-softmax example adapters (float64
+  otherwise, ``mixed_precision`` declared) on 1,000 random layers at
+  positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
+  (median, max, steps over 1), the ulp floor that would take, and error / the
+  mixed-precision rule's tolerance, for outputs and cached keys.
 - traces: every trace of ``tests/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
@@ -162,6 +167,54 @@ def bench_tolerance() -> None:
               f"{int((ratio > 1).sum())}")
 
 
+def bench_mixed() -> None:
+    from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
+    from oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
+    from properties.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
+
+    # (layers, first checked position at most): the documented ranges (the layer machine's capacity is 8,
+    # a decoder's sequence 12), then deeper positions, where the RoPE angle errors grow
+    for make in (make_float32_rope_adapter, make_float32_softmax_adapter):
+        for layers, deepest in ((1000, 4), (300, 56)):
+            adapter, rng = make(), np.random.default_rng(0)
+            judge = Judge.for_adapter(adapter, FLOAT64)
+            bare: dict[str, list[float]] = {"output": [], "keys": []}  # error / (2 x naive + 1e-12)
+            ruled: dict[str, list[float]] = {"output": [], "keys": []}  # error / the rule's tolerance
+            needed: dict[str, list[float]] = {"output": [], "keys": []}  # floor it takes, in float32 ulps
+            for _ in range(layers):
+                heads, dh, width = (int(v) for v in (rng.integers(1, 5), 2 * rng.integers(1, 5), rng.integers(1, 9)))
+                shapes = [(width, heads * dh)] * 3 + [(heads * dh, width)]
+                weights = AttentionWeights(*(rng.uniform(-1, 1, shape) for shape in shapes), heads=heads,
+                                           kv_heads=heads)
+                rope = RopeConfig("interleaved", float(rng.choice([2.0, 10.0, 1e4, 5e5])), dh, 64)
+                first, length = int(rng.integers(0, deepest)), int(rng.integers(1, 9))
+                x = rng.uniform(-1, 1, (int(rng.integers(1, 4)), first + length, width))
+                reference = judge.reference(lambda numbers: full_prefix_attention(x, weights, rope, numbers=numbers))
+                layer = adapter.create_layer(weights, rope)
+                cache = adapter.create_cache(layer, x.shape[0], 64)
+                for t in range(first + length):
+                    out = adapter.step(layer, cache, x[:, t:t + 1].copy())
+                    if t < first:
+                        continue
+                    keys = adapter.snapshot(cache).keys
+                    for what, actual, select in (("output", out[:, 0], lambda a: a.outputs[:, t]),
+                                                 ("keys", keys, lambda a: a.keys[:, :, :t + 1])):
+                        expected, tolerance = judge.bound(reference, select)
+                        error = float(np.abs(actual - expected).max())
+                        naive = float(np.abs(select(reference.naive) - expected).max())
+                        bare[what].append(error / (FACTOR * naive + ABSOLUTE))
+                        ruled[what].append(error / tolerance)
+                        scale = max(1.0, float(np.abs(expected).max()))
+                        needed[what].append((error - FACTOR * naive - ABSOLUTE) / (_EPS["float32"] * scale))
+            print(f"{adapter.name}, {len(bare['output'])} steps from positions 0..{deepest + 6}, {judge.rule}")
+            for what in bare:
+                plain, rule = np.array(bare[what]), np.array(ruled[what])
+                print(f"  {what:6}: error / ({FACTOR:g} x naive + {ABSOLUTE:.0e}): median {np.median(plain):.2f}, "
+                      f"max {plain.max():.2f}, over 1: {int((plain > 1).sum())}; the floor that takes: "
+                      f"{max(0.0, max(needed[what])):.2f} ulps; error / tolerance: median {np.median(rule):.3f}, "
+                      f"max {rule.max():.3f}")
+
+
 def bench_traces() -> None:
     from impl.conformance import ReferenceAdapter
     from properties import replay, selection, trace
@@ -235,7 +288,7 @@ def bench_store() -> None:
 
 
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
-           "mutants": bench_mutants, "tolerance": bench_tolerance, "traces": bench_traces}
+           "mutants": bench_mutants, "tolerance": bench_tolerance, "mixed": bench_mixed, "traces": bench_traces}
 
 
 def main() -> None:

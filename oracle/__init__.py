@@ -16,9 +16,18 @@ from .decoder import (
     random_decoder_weights,
     sinusoid,
 )
-from .numbers import FLOAT64, LOW_PRECISIONS, NumberSystem, mpmath_precision, numpy_precision
+from .numbers import (
+    COMPONENTS,
+    FLOAT64,
+    LOW_PRECISIONS,
+    NumberSystem,
+    mixed_precision,
+    mpmath_precision,
+    numpy_precision,
+)
 
 __all__ = [
+    "COMPONENTS",
     "FLOAT64",
     "LOW_PRECISIONS",
     "PRESETS",
@@ -38,6 +47,7 @@ __all__ = [
     "full_decoder",
     "full_prefix_attention",
     "greedy_generate",
+    "mixed_precision",
     "mpmath_precision",
     "numpy_precision",
     "random_decoder_weights",

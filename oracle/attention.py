@@ -35,17 +35,24 @@ class AttentionTrace:
 
 
 def rope_rotate(vector: Vector, position: int, rope: RopeConfig, numbers: NumberSystem) -> Vector:
-    """Rotate one head vector as it sits at absolute ``position``."""
+    """Rotate one head vector as it sits at absolute ``position``.
+
+    The cos/sin table is computed in ``numbers.component("rope")`` (a mixed
+    precision's table dtype), then converted to ``numbers`` and applied there.
+    """
     if not 0 <= position < rope.max_positions:
         raise OracleInputError(f"position {position} outside RoPE range [0, {rope.max_positions})")
     r = rope.rotary_width
     if r > len(vector):
         raise OracleInputError(f"rotary width {r} exceeds head width {len(vector)}")
+    table = numbers.component("rope")
     rotated = list(vector)
     for i in range(r // 2):
-        inverse_frequency = numbers.number(rope.base) ** (numbers.number(-2 * i) / r)
+        inverse_frequency = table.number(rope.base) ** (table.number(-2 * i) / r)
         theta = position * inverse_frequency
-        cos, sin = numbers.cos(theta), numbers.sin(theta)
+        cos, sin = table.cos(theta), table.sin(theta)
+        if table is not numbers:
+            cos, sin = _convert([cos, sin], table, numbers)
         a_index, b_index = rope.pair(i)
         a, b = vector[a_index], vector[b_index]
         rotated[a_index] = a * cos - b * sin
@@ -60,7 +67,14 @@ def project(row: Vector, matrix: list[Vector]) -> Vector:
 
 
 def softmax(scores: Vector, numbers: NumberSystem) -> Vector:
-    """Numerically stable softmax: subtract the row maximum first."""
+    """Numerically stable softmax: subtract the row maximum first.
+
+    With a mixed precision's softmax dtype: the scores rounded to it, the
+    softmax computed there, the probabilities converted back to ``numbers``.
+    """
+    inner = numbers.component("softmax")
+    if inner is not numbers:
+        return _convert(softmax(_convert(scores, numbers, inner), inner), inner, numbers)
     peak = max(scores)
     exps = [numbers.exp(score - peak) for score in scores]
     total = sum(exps[1:], start=exps[0])
@@ -140,6 +154,11 @@ def full_prefix_attention(
         keys[b] = [_rounded(head, numbers) for head in exact.keys]
         values[b] = [_rounded(head, numbers) for head in exact.values]
     return AttentionTrace(outputs=outputs, keys=keys, values=values)
+
+
+def _convert(values: Vector, source: NumberSystem, target: NumberSystem) -> Vector:
+    """Scalars of ``source`` as scalars of ``target``, through float64."""
+    return [target.number(source.to_float(v)) for v in values]
 
 
 def _rounded(rows: list[Vector], numbers: NumberSystem) -> list[list[float]]:

@@ -1,6 +1,6 @@
 """Configurations shared by the oracle, the suite and every adapter.
 
-These frozen dataclasses *are* the conventions of SPEC §2: whoever builds a
+These frozen dataclasses *are* the conventions of docs/spec.md §2: whoever builds a
 layer from them (the reference implementation, a third-party adapter) must
 mean the same thing by each field.
 """

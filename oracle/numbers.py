@@ -6,14 +6,16 @@ handful of functions below. ``FLOAT64`` makes those scalars Python floats
 *local* mpmath context, so high precision never touches the global ``mp.dps``.
 ``numpy_precision(dtype)`` rounds every operation to a low-precision dtype:
 not a ground truth, but the naive baseline low-precision implementations are
-judged against.
+judged against. ``mixed_precision(components)`` is float64 with some of the
+oracle's components (``COMPONENTS``) computed in a low-precision dtype: the
+naive baseline of a float64 model with, say, a float32 RoPE table.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mpmath
@@ -33,6 +35,12 @@ class NumberSystem:
     tanh: Callable[[Any], Any]
     to_float: Callable[[Any], float]  # round back to float64 for comparison
     is_finite: Callable[[Any], bool]
+    # components of the oracle computed in another number system, as (component, system) pairs
+    components: tuple[tuple[str, NumberSystem], ...] = ()
+
+    def component(self, name: str) -> NumberSystem:
+        """The number system the oracle's component ``name`` runs in: its own unless overridden."""
+        return dict(self.components).get(name, self)
 
 
 FLOAT64 = NumberSystem(
@@ -102,3 +110,23 @@ def numpy_precision(dtype: str) -> NumberSystem:
         to_float=float,
         is_finite=lambda value: bool(np.isfinite(value)),
     )
+
+
+# "rope": the cos/sin table (angles, cos and sin); "softmax": exp, sum and division
+COMPONENTS = ("rope", "softmax")
+
+
+def mixed_precision(components: Mapping[str, str]) -> NumberSystem:
+    """Float64 with each named component computed in a low-precision dtype, e.g. ``{"rope": "float32"}``.
+
+    The component's inputs are rounded to its dtype and its results converted
+    back to float64 scalars (``oracle.attention``); everything else is float64.
+    """
+    unknown = set(components) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"mixed precision components must be among {COMPONENTS}, got {sorted(unknown)}")
+    pairs = tuple((name, numpy_precision(components[name])) for name in COMPONENTS if name in components)
+    if not pairs:
+        return FLOAT64
+    described = ", ".join(f"{name} in {system.name}" for name, system in pairs)
+    return replace(FLOAT64, name=f"float64 with {described}", components=pairs)

@@ -1,5 +1,6 @@
 """The per-dtype rules: float64 never loosens; the low-precision rule passes an honest float32
-implementation and fails one that quietly loses precision."""
+implementation and fails one that quietly loses precision; the mixed-precision rule passes a float64
+cache with a declared float32 RoPE table or softmax, and fails one whose table is coarser than declared."""
 
 from __future__ import annotations
 
@@ -8,11 +9,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from examples.minimal_adapter import Float32Adapter
-from oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
-from properties import profiles
-from properties.runner import run_machine
-from properties.tolerance import ABSOLUTE, FACTOR, FLOOR_ULPS, Judge
+from examples.minimal_adapter import Float32Adapter, Float32RopeAdapter, Float32SoftmaxAdapter, MinimalAdapter
+from oracle import (
+    FLOAT64,
+    AttentionWeights,
+    RopeConfig,
+    full_decoder,
+    full_prefix_attention,
+    mixed_precision,
+    numpy_precision,
+    random_decoder_weights,
+)
+from oracle.decoder import PRESETS
+from properties import profiles, selection
+from properties.runner import RunResult, run_machine
+from properties.tolerance import ABSOLUTE, FACTOR, FLOOR_ULPS, Judge, declared_precision
 from properties.verdict import NonConformance
 
 CI = profiles.settings_for("ci", database=None, report_multiple_bugs=False)
@@ -86,3 +97,123 @@ def test_float64_is_never_loosened_for_a_float32_computation() -> None:
                          settings=CI)
     assert isinstance(result.failure, NonConformance)
     assert "exceeds tolerance 1e-12" in str(result.failure)
+
+
+# -- mixed precision: a float64 model with a float32 RoPE table or softmax, declared -----------------------
+
+
+class Float32RopeUndeclared(Float32RopeAdapter):
+    """The example's float32 RoPE table without the declaration: a plain float64 claim."""
+
+    name = "float32-rope-undeclared"
+    capabilities = frozenset({"float64", "rope_interleaved"})
+    mixed_precision: dict[str, str] = {}  # noqa: RUF012
+
+
+class Float16RopeClaimingFloat32(Float32RopeAdapter):
+    """Declares a float32 RoPE table, computes it in float16."""
+
+    name = "float16-rope-claiming-float32"
+    rope_table = "float16"
+
+
+class Declared(MinimalAdapter):
+    """For the declaration checks: set ``dtype`` and ``mixed_precision`` per instance."""
+
+    capabilities = frozenset({"rope_interleaved"})
+
+    def __init__(self, dtype: str = "float64", mixed: Any = None) -> None:
+        self.dtype, self.mixed_precision = dtype, mixed
+
+
+def run_declared(adapter: Any, property_id: str) -> RunResult:
+    return run_machine("layer_cache", adapter, property_id=property_id, parameters=MHA, settings=CI)
+
+
+def test_the_mixed_precision_rule_is_the_documented_formula() -> None:
+    truth, naive = np.array([3.0, -0.5]), np.array([3.0 + 1e-6, -0.5])
+    judge = Judge.for_adapter(Float32RopeAdapter(), FLOAT64)
+    assert judge.naive is not None
+    assert (judge.dtype, judge.components, judge.naive.name) == ("float64", {"rope": "float32"},
+                                                                  "float64 with rope in float32")
+    assert judge.tolerance(truth, naive) == pytest.approx(FACTOR * 1e-6 + FLOOR_ULPS * 2.0**-23 * 3.0 + ABSOLUTE,
+                                                          rel=1e-9)
+    assert judge.tolerance(truth, None) == ABSOLUTE
+    assert "with rope in float32" in judge.rule and "8 float32 ulps" in judge.rule and "1e-12" in judge.rule
+    coarsest = Judge("float64", FLOAT64, components={"softmax": "float32", "rope": "bfloat16"})
+    assert coarsest.tolerance(truth, truth) == pytest.approx(FLOOR_ULPS * 2.0**-7 * 3.0 + ABSOLUTE)
+    assert Judge.for_adapter(MinimalAdapter(), FLOAT64).rule == Judge("float64", FLOAT64).rule
+    assert Judge.for_adapter(Float32Adapter(), FLOAT64).rule == Judge("float32", FLOAT64).rule
+
+
+@pytest.mark.parametrize(("dtype", "mixed", "complaint"), [
+    ("float32", {"rope": "float32"}, "for float64 adapters only"),
+    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax')"),
+    ("float64", {"softmax": "float64"}, "dtype must be one of ('float32', 'float16', 'bfloat16')"),
+    ("float64", "float32", "must map components to dtypes"),
+])
+def test_a_mixed_precision_declaration_is_checked_at_selection(dtype: str, mixed: Any, complaint: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="mixed_precision") as failure:
+        declared_precision(Declared(dtype, mixed))
+    assert complaint in str(failure.value)
+    monkeypatch.setitem(globals(), "make_declared", lambda: Declared(dtype, mixed))
+    with pytest.raises(selection.AdapterLoadError, match="mixed_precision"):
+        selection.load_adapter(f"{__name__}:make_declared")
+
+
+def test_mixed_precision_and_the_float64_capability_are_refused_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "make_both", lambda: type("Both", (Float32RopeAdapter,), {
+        "capabilities": frozenset({"float64", "rope_interleaved"})})())
+    with pytest.raises(selection.AdapterLoadError, match="float64 capability"):
+        selection.load_adapter(f"{__name__}:make_both")
+    assert selection.load_adapter("examples.minimal_adapter:make_float32_rope_adapter").name.endswith("rope")
+
+
+def test_the_oracle_runs_just_the_declared_components_in_their_dtype() -> None:
+    rng = np.random.default_rng(5)
+    w = rng.uniform(-1, 1, (4, 4))
+    weights, rope = AttentionWeights(w, w.T.copy(), w, w, heads=1, kv_heads=1), RopeConfig("interleaved", 1e4, 4, 16)
+    x = rng.uniform(-1, 1, (1, 8, 4))
+    exact = full_prefix_attention(x, weights, rope)
+    assert mixed_precision({}) is FLOAT64
+    rope32 = full_prefix_attention(x, weights, rope, numbers=mixed_precision({"rope": "float32"}))
+    softmax32 = full_prefix_attention(x, weights, rope, numbers=mixed_precision({"softmax": "float32"}))
+    rope16 = full_prefix_attention(x, weights, rope, numbers=mixed_precision({"rope": "float16"}))
+    error = lambda a, b: float(np.abs(a - b).max())  # noqa: E731
+    assert 1e-10 < error(rope32.keys, exact.keys) < 1e-6 < error(rope16.keys, exact.keys) < 1e-2
+    assert error(rope32.values, exact.values) == error(softmax32.keys, exact.keys) == 0.0  # float64 elsewhere
+    assert 1e-10 < error(softmax32.outputs, exact.outputs) < 1e-6
+    assert error(rope32.outputs, exact.outputs) < 1e-6
+    config = PRESETS["seed-rope"]
+    decoder = random_decoder_weights(config, 3)
+    logits = [full_decoder([1, 2, 3, 4, 5], config, decoder, numbers=n).logits
+              for n in (FLOAT64, mixed_precision({"rope": "float32"}))]
+    assert 1e-10 < error(*logits) < 1e-5
+
+
+def test_a_declared_float32_rope_table_passes() -> None:
+    result = run_declared(Float32RopeAdapter(), "float32 rope")
+    assert result.failure is None, result.failure
+    error, tolerance = result.worst
+    assert ABSOLUTE < error <= tolerance and "with rope in float32" in result.rule
+
+
+def test_the_same_table_undeclared_fails_at_1e_12() -> None:
+    result = run_declared(Float32RopeUndeclared(), "float32 rope undeclared")
+    assert isinstance(result.failure, NonConformance)
+    assert "exceeds tolerance 1e-12" in str(result.failure)
+
+
+def test_a_declared_float32_softmax_passes() -> None:
+    result = run_declared(Float32SoftmaxAdapter(), "float32 softmax")
+    assert result.failure is None, result.failure
+    error, tolerance = result.worst
+    assert ABSOLUTE < error <= tolerance and "with softmax in float32" in result.rule
+
+
+def test_a_float16_rope_table_declared_float32_fails() -> None:
+    with np.errstate(over="ignore"):  # float16 cannot hold bases above 65504: the table is wrong twice over
+        result = run_declared(Float16RopeClaimingFloat32(), "float16 rope")
+    assert isinstance(result.failure, NonConformance)
+    assert "exceeds tolerance" in str(result.failure) and "exceeds tolerance 1e-12" not in str(result.failure)
