@@ -214,6 +214,7 @@ def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, valu
         scores = new_scores  # a fresh array either way: the steps below work in place
     scores /= math.sqrt(dh)
     scores = scores.reshape(batch, kv_heads, group, rows, -1)  # [B, KV, G, t, n + k]
+    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)
     if window is None:  # every key before the tile is visible: only the tile's own square can be masked
         own = scores[..., -rows:]  # [B, KV, G, t, t]
         np.copyto(own, -np.inf, where=key_positions_new[None, -rows:] > positions[:, None])
@@ -232,6 +233,27 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
+
+
+def _require_finite_scores(scores: np.ndarray, positions: np.ndarray, stored_positions: np.ndarray,
+                           key_positions_new: np.ndarray, window: int | None) -> None:
+    """Every score of a key the query can see is finite; ``scores [B, KV, G, t, n + k]``, before masking.
+
+    A masked key's score (a later row of the chunk, or one out of the window)
+    may overflow: it is never used, and masking sets it to -inf anyway. One
+    pass over the scores when all are finite; the mask is built only when one is not.
+    """
+    finite = np.isfinite(scores)
+    if finite.all():
+        return
+    key_positions = np.concatenate([stored_positions, key_positions_new])  # [n + k]
+    visible = key_positions[None, :] <= positions[:, None]  # [t, n + k]
+    if window is not None:
+        visible &= key_positions[None, :] > positions[:, None] - window
+    bad = ~finite & visible
+    if bad.any():
+        index = int(np.argmax(bad.ravel()))
+        raise NonFiniteAttention("attention score of a visible key", index, float(scores.ravel()[index]))
 
 
 def _check_float_rows(x: object) -> None:
