@@ -153,7 +153,13 @@ class DecodeSession:
             cache.reset()
 
     def _advance(self, tokens: np.ndarray) -> np.ndarray:
-        """Prepare every block, then commit every block: all or nothing."""
+        """Prepare every block, then commit every block: all or nothing.
+
+        The checks come in the documented order -- tokens (validated by the caller), then the parameter
+        revisions of *every* block, then the session's free capacity -- so a full session with a stale
+        later block reports the revision, not ``full`` (checking block by block would not: the mutant
+        ``session_order_per_block`` of tests/mutants.py).
+        """
         for block, cache in zip(self.model.blocks, self.caches):
             cache.check_binding(block)  # parameters may have been written in place since creation
         if self.length + len(tokens) > self.capacity:  # bindings first, then capacity, as in chapter 37

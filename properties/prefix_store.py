@@ -1,13 +1,15 @@
-"""The stateful conformance machine for the longest-common-prefix store (SPEC §5, §6).
+"""The stateful conformance machine for the longest-common-prefix store (docs/spec.md §10, §11).
 
 The model side is the list of entries the store must hold (scope, the weights
-they were computed with, tokens), oldest first, and the rules of SPEC §5
-restated here independently (``expected_cut``). Queries are built from the
+they were computed with, tokens), oldest first, and the rules of docs/spec.md §10.3
+restated here independently (``expected_reuse``). Queries are built from the
 stored prefixes by extension, truncation and edits -- including edits after
 which later ids are equal again -- under several scopes and weights; returned
 arrays get scribbled on. Every result must equal the oracle's full
 recomputation from the expected cut, and after every rule the entries must be
-exactly the model's, with the oracle's rows.
+exactly the model's, with the oracle's rows. Invalid token sequences go to
+every implementation: a call that raises must change nothing; the error kind
+is judged where token validation is claimed (``session.raises``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from hypothesis import strategies as st
 from oracle import FLOAT64, DecoderTrace, DecoderWeights, NumberSystem, full_decoder, random_decoder_weights
 
 from . import strategies as s
-from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind, StoreEntry
-from .session import blocks_match_oracle, same_blocks
-from .tolerance import Judge, Reference, declared_dtype
+from .protocol import BlockState, DecoderAdapter, ErrorKind, StoreEntry, declared
+from .session import blocks_match_oracle, raises, same_blocks
+from .tolerance import Judge, Reference
 from .trace import Draws, TracedMachine, initialize, invariant, rule
-from .verdict import Inputs, NonConformance, call, expect_rejection, expect_success, fields
+from .verdict import Inputs, NonConformance, call, expect_success, fields
 
 SCOPES = ("app", "other app")
 VARIANTS = ("extend", "truncate", "edit", "edit and extend", "same")  # queries built from a stored prompt
@@ -60,7 +62,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def expected_reuse(entries: list[Entry], scope: str, key: str, tokens: Sequence[int], windowed: bool,
                    *, window_rule_first: bool = True) -> tuple[int | None, int]:
-    """SPEC §5: (index of the entry to reuse, cut). Same scope and signature only; the longest contiguous
+    """docs/spec.md §10.3: (index of the entry to reuse, cut). Same scope and signature only; the longest contiguous
     common prefix, ties to the newest; then the cut is capped at len(query) - 1, so at least the last token
     is recomputed. Ties are decided before the cap: a longer stored prefix beats a shorter, newer one even
     when both cap to the same cut. A cut capped to 0 reuses nothing.
@@ -102,8 +104,8 @@ class PrefixStoreMachine(TracedMachine):
     def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64, windowed: bool | None = None) -> None:
         super().__init__()
         self.adapter, self.windowed = adapter, windowed
-        self.judge = Judge(declared_dtype(adapter), numbers)
-        self.capabilities = frozenset(getattr(adapter, "capabilities", ()))
+        self.judge = Judge.for_adapter(adapter, numbers)
+        self.capabilities = declared(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())
     def build_store(self, data: Draws) -> None:
@@ -118,18 +120,21 @@ class PrefixStoreMachine(TracedMachine):
             self.decoders.append(expect_success(call(self.adapter, what, lambda: self.adapter.create_decoder(
                 self.config, given), handed), what))
         self.capacity = data.draw(st.integers(1, 3), label="store capacity")
+        self._new_store()
+        self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, Reference[DecoderTrace]]] = {}
+
+    def _new_store(self) -> None:
         self.store = expect_success(call(self.adapter, "create the store", lambda: self.adapter.create_store(
             self.capacity)), "create the store")
         self.entries: list[Entry] = []  # oldest first
-        self._traces: dict[tuple[int, tuple[int, ...]], tuple[DecoderWeights, Reference[DecoderTrace]]] = {}
 
     def _tokens(self, data: Draws) -> tuple[list[int], Entry | None]:
         """A query built from a stored prefix (extended, truncated or edited), or fresh; and that entry."""
         kinds = ["fresh", *(VARIANTS if self.entries else ())]
-        kind = data.draw(st.sampled_from(kinds), label="query kind")
+        kind = data.choose(kinds, "query kind")
         if kind == "fresh":
             return data.draw(s.token_lists(self.config.vocab, 1, 8), label="tokens"), None
-        entry = self.entries[data.draw(st.sampled_from(range(len(self.entries))), label="from entry")]
+        entry = self.entries[data.choose(range(len(self.entries)), "from entry")]
         return self._variant(data, list(entry.tokens), kind), entry
 
     def _variant(self, data: Draws, base: list[int], kind: str) -> list[int]:
@@ -150,12 +155,12 @@ class PrefixStoreMachine(TracedMachine):
         if entry is not None and data.draw(st.booleans(), label="in the entry's scope, through its decoder"):
             scope, index = entry.scope, entry.decoder
         else:
-            scope = data.draw(st.sampled_from(SCOPES), label="scope")
-            index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+            scope = data.choose(SCOPES, "scope")
+            index = data.choose(range(len(self.decoders)), "decoder")
         self._store(verb, tokens, scope, index)
 
     def _store(self, verb: str, tokens: list[int], scope: str, index: int) -> None:
-        """One store call, checked against SPEC §5's choice of entry and cut and the oracle's logits."""
+        """One store call, checked against spec §10.3's choice of entry and cut and the oracle's logits."""
         weights, key = self.weights[index], signature(self.weights[index])
         readings = acceptable_reuse(verb, self.entries, scope, key, tokens, self.config.window is not None)
         what = f"{verb} {tokens} in scope {scope!r} with decoder {index}"
@@ -196,10 +201,10 @@ class PrefixStoreMachine(TracedMachine):
         common prefix, whatever else is stored. (The rules below each do their whole scenario: Hypothesis
         disables a random subset of rules in every run, which would often keep prefill and query apart.)"""
         tokens = data.draw(s.token_lists(self.config.vocab, 1, 8), label="tokens")
-        scope = data.draw(st.sampled_from(SCOPES), label="scope")
-        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        scope = data.choose(SCOPES, "scope")
+        index = data.choose(range(len(self.decoders)), "decoder")
         self._store("prefill", tokens, scope, index)
-        kind = data.draw(st.sampled_from(VARIANTS), label="query kind")
+        kind = data.choose(VARIANTS, "query kind")
         self._store("query", self._variant(data, list(tokens), kind), scope, index)
 
     @rule(data=st.data())
@@ -207,8 +212,8 @@ class PrefixStoreMachine(TracedMachine):
         """One prompt stored twice in one context: the two entries tie for a query that extends it,
         and the newest must win."""
         tokens = data.draw(s.token_lists(self.config.vocab, 1, 6), label="tokens")
-        scope = data.draw(st.sampled_from(SCOPES), label="scope")
-        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        scope = data.choose(SCOPES, "scope")
+        index = data.choose(range(len(self.decoders)), "decoder")
         self._store("prefill", tokens, scope, index)
         self._store("prefill", tokens, scope, index)
         extension = data.draw(s.token_lists(self.config.vocab, 0, 2), label="extension")
@@ -221,36 +226,40 @@ class PrefixStoreMachine(TracedMachine):
         would win a tie decided after capping). In the other storing order both readings agree."""
         tokens = data.draw(s.token_lists(self.config.vocab, 2, 8), label="tokens")
         keep = data.draw(st.integers(1, len(tokens) - 1), label="keep")
-        scope = data.draw(st.sampled_from(SCOPES), label="scope")
-        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        scope = data.choose(SCOPES, "scope")
+        index = data.choose(range(len(self.decoders)), "decoder")
         self._store("prefill", tokens, scope, index)
         self._store("prefill", tokens[:keep], scope, index)
         self._store("query", tokens[:keep + 1], scope, index)
 
-    @rule(data=st.data(), requires=[Capability.INPUT_VALIDATION])
+    @rule(data=st.data())
     def invalid_query(self, data: Draws) -> None:
-        """INVALID_TOKENS, and no entry, entry order or stored array changed."""
+        """INVALID_TOKENS where token validation is claimed; from every implementation, if it raises, no entry,
+        entry order or stored array changed. A store that accepts what it does not claim to check holds
+        unspecified entries from then on: it is replaced by a new one."""
         problem, tokens = data.draw(s.invalid_token_sequences(self.config.vocab), label="invalid tokens")
         verb = data.draw(st.sampled_from(["prefill", "query"]), label="verb")
         method = self.adapter.store_prefill if verb == "prefill" else self.adapter.store_query
         what = f"{verb} with {problem}"
         before = self._read_entries(what)
-        self.tape.expect(what, rejected=ErrorKind.INVALID_TOKENS.value, state="unchanged")
         handed = Inputs()
         given = handed("tokens", tokens)
-        expect_rejection(call(self.adapter, what, lambda: method(self.store, self.decoders[0], "app", given), handed),
-                         ErrorKind.INVALID_TOKENS, what)
-        after = self._read_entries(what)
-        described = [(e.scope, e.tokens, e.next_position) for e in before]
-        if described != [(e.scope, e.tokens, e.next_position) for e in after]:
-            raise NonConformance(f"{what}: the store's entries changed, but a rejected query must change nothing")
-        for old, new in zip(before, after):
-            same_blocks(old.blocks, new.blocks, what)
+        if raises(self.adapter, self.capabilities, self.tape, ErrorKind.INVALID_TOKENS, what,
+                  lambda: method(self.store, self.decoders[0], "app", given), handed):
+            after = self._read_entries(what)
+            described = [(e.scope, e.tokens, e.next_position) for e in before]
+            if described != [(e.scope, e.tokens, e.next_position) for e in after]:
+                raise NonConformance(f"{what}: the store's entries changed, but a call that raises must change "
+                                     "nothing")
+            for old, new in zip(before, after):
+                same_blocks(old.blocks, new.blocks, what)
+        else:
+            self._new_store()
 
     @rule(data=st.data())
     def update_weights_in_place(self, data: Draws) -> None:
         """The decoder's computation changes: its old entries no longer match its signature."""
-        index = data.draw(st.integers(0, len(self.decoders) - 1), label="decoder")
+        index = data.choose(range(len(self.decoders)), "decoder")
         block, new = data.draw(s.block_update(self.weights[index]), label="block update")
         what = f"update decoder {index}'s block {block} in place"
         handed = Inputs()
