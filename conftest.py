@@ -7,7 +7,8 @@
 resolves them here, once. ``--kv-traces`` is where counterexample traces go,
 ``--kv-regressions`` adds trace corpora to replay, ``--kv-call-timeout``
 bounds every call into the implementation, ``--kv-report`` writes the
-conformance report.
+conformance report, ``--kv-xfails`` baselines known failures
+(``properties/known_failures.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from properties import profiles, selection, verdict
+from properties import known_failures, profiles, selection, verdict
+from properties.protocol import LayerLimits
 from properties.report import ConformanceReport, examples_from_statistics
-from properties.runner import PropertyRun
-from properties.tolerance import Judge, declared_dtype
+from properties.runner import MACHINES, PropertyRun, failure_kind
+from properties.tolerance import Judge
 
 ROOT = Path(__file__).parent
 DATABASE_ROOT = ROOT / ".hypothesis" / "implementations"
@@ -46,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(default: %(default)s; 0: no limit)")
     group.addoption("--kv-report", default=None, metavar="PATH",
                     help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
+    group.addoption(known_failures.OPTION, default=None, metavar="FILE",
+                    help="known failures: one 'PROPERTY [:: RULE]  # REASON' a line; a property is expected to "
+                         "fail (strict xfail), or a rule of its machine is left out (docs/adapters.md)")
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
@@ -57,16 +62,32 @@ def pytest_configure(config: pytest.Config) -> None:
     profiles.register(DATABASE_ROOT, selection.database_key(adapter))
     profiles.load()
     verdict.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
+    xfails = config.getoption(known_failures.OPTION)
+    if xfails:
+        specs = [(name, spec.kind) for machine in MACHINES.values() for name, spec in machine.specs().items()]
+        try:
+            entries = known_failures.load(Path(xfails), rules={name for name, kind in specs if kind == "rule"},
+                                          setup_rules={name for name, kind in specs if kind == "initialize"})
+        except known_failures.KnownFailuresError as error:
+            raise pytest.UsageError(str(error)) from None
+        config.pluginmanager.register(known_failures.KnownFailures(Path(xfails), entries), "kvcache-known-failures")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
-        config.pluginmanager.register(ConformanceReport(Path(report).resolve()), "kvcache-report")
+        config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),
+                                      "kvcache-report")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
-    """For ``@given`` properties, the report's ``runs`` come from Hypothesis's own statistics."""
+    """For ``@given`` properties, the report's ``runs`` come from Hypothesis's own statistics; for every
+    failure, its kind (``PropertyRun`` records the machines' own)."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and call.excinfo is not None and not any(
+            name == "kv_failure_kind" for name, _ in item.user_properties):
+        if not isinstance(call.excinfo.value, (pytest.skip.Exception, pytest.fail.Exception)):
+            item.user_properties.append(("kv_failure_kind", failure_kind(call.excinfo.value)))
+            report.user_properties = list(item.user_properties)
     described = getattr(item, "hypothesis_statistics", None)
     if report.when == "call" and described and not any(name == "kv_runs" for name, _ in item.user_properties):
         runs = examples_from_statistics(described)
@@ -92,8 +113,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     current = settings.default
     return [
         f"kvcache implementation: {adapter.name} {adapter.version} ({selection.selected_spec()})",
-        f"kvcache capabilities: {', '.join(sorted(adapter.capabilities))}",
-        f"kvcache tolerance: {Judge(declared_dtype(adapter), selection.oracle_numbers()).rule}",
+        f"kvcache capabilities: {', '.join(sorted(adapter.capabilities))}"
+        + (f"; layers drawn only within {limits}" if (limits := LayerLimits.of(adapter).described()) else ""),
+        f"kvcache tolerance: {Judge.for_adapter(adapter, selection.oracle_numbers()).rule}",
         f"kvcache hypothesis profile: {settings.get_current_profile_name()} "
         f"(max_examples={current.max_examples}, stateful_step_count={current.stateful_step_count}, "
         f"derandomize={current.derandomize}, database={current.database})",

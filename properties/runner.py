@@ -9,8 +9,12 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
+import re
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -20,6 +24,8 @@ from typing import Any
 import hypothesis
 import numpy as np
 from hypothesis import settings as Settings
+from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from oracle import FLOAT64, NumberSystem
@@ -27,7 +33,7 @@ from oracle import FLOAT64, NumberSystem
 from . import trace
 from .layer_cache import LayerCacheMachine
 from .prefix_store import PrefixStoreMachine
-from .protocol import KvCacheAdapter
+from .protocol import KvCacheAdapter, LayerLimits, declared
 from .session import SessionMachine
 from .tolerance import closer_to_failing
 from .verdict import AdapterHung, NonConformance
@@ -78,7 +84,14 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         last[0].disabled_rules = disabled_rules
         return last[0]
 
-    chosen = settings or Settings(report_multiple_bugs=False)
+    # report_multiple_bugs=False (callers' own settings aside): Hypothesis tells bugs apart by exception
+    # type and raise site, and every NonConformance comes from a few shared checks in verdict.py -- a wrong
+    # output after a reset and one after an in-place weight update would be one "bug" to it. So we stop at
+    # the first failure, shrink it and write its trace; the report tells causes apart by (property, rule of
+    # the failing step, failure kind), and the next bug behind a known one is found by leaving its rule
+    # out (--kv-xfails PROPERTY :: RULE, which reaches here as disabled_rules).
+    chosen = property_settings(settings or Settings(report_multiple_bugs=False), implementation=str(adapter.name),
+                               property_id=property_id, parameters=parameters, disabled_rules=disabled_rules)
     try:
         run_state_machine_as_test(build, settings=chosen)
     except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
@@ -99,6 +112,77 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
             result.trace = trace.write(document, trace_dir, stem)
             _point_to(result.failure, result.trace)
     return result
+
+
+class PropertyDatabase(ExampleDatabase):
+    """One property's share of an implementation's example database: every key prefixed with its own digest.
+
+    Hypothesis keys a state machine's examples by a digest of the factory it is
+    handed, and ``run_machine`` hands it the same ``build`` every time: without
+    this, all machine properties of an implementation shared one key, so a
+    failure saved by the store machine was replayed by the layer machine, passed
+    there and was deleted. The prefix is a digest of (implementation, property
+    id, parameters, rules left out); the last because a choice sequence means
+    another program once a rule is no longer drawn.
+
+    A key prefix rather than a directory per property: it wraps whatever
+    database the profile or the caller's settings hold (a directory, a
+    ``MultiplexedDatabase`` sharing CI's examples, a ``ReadOnlyDatabase``), and
+    ``.hypothesis/implementations/<name>`` stays one Hypothesis database.
+    """
+
+    def __init__(self, database: ExampleDatabase, prefix: bytes) -> None:
+        super().__init__()
+        self.database, self.prefix = database, prefix
+
+    def __repr__(self) -> str:
+        return f"PropertyDatabase({self.database!r}, {self.prefix!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PropertyDatabase) and (self.database, self.prefix) == (other.database, other.prefix)
+
+    def __hash__(self) -> int:
+        return hash(self.prefix)
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.database.save(self.prefix + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.database.fetch(self.prefix + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.database.delete(self.prefix + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.database.move(self.prefix + src, self.prefix + dest, value)
+
+    def _start_listening(self) -> None:
+        self.database.add_listener(self._forward)
+
+    def _stop_listening(self) -> None:
+        self.database.remove_listener(self._forward)
+
+    def _forward(self, event: tuple[str, tuple[bytes, bytes | None]]) -> None:
+        what, (key, value) = event
+        if key.startswith(self.prefix):
+            self._broadcast_change((what, (key[len(self.prefix):], value)))  # type: ignore[arg-type]
+
+
+def database_prefix(implementation: str, property_id: str, parameters: dict[str, Any],
+                    disabled_rules: Iterable[str] = ()) -> bytes:
+    """The key prefix of one property's examples (``PropertyDatabase``)."""
+    identity = json.dumps([implementation, property_id, {k: trace.encode(v) for k, v in parameters.items()},
+                           sorted(disabled_rules)], sort_keys=True)
+    return b"kvcache-property:" + hashlib.sha256(identity.encode()).hexdigest()[:20].encode() + b":"
+
+
+def property_settings(settings: Settings, *, implementation: str, property_id: str, parameters: dict[str, Any],
+                      disabled_rules: Iterable[str] = ()) -> Settings:
+    """``settings`` with the database narrowed to this property's keys (unchanged without a database)."""
+    if settings.database is None:
+        return settings
+    prefix = database_prefix(implementation, property_id, parameters, disabled_rules)
+    return Settings(settings, database=PropertyDatabase(settings.database, prefix))
 
 
 def _keep_worst(result: RunResult, machine: Any) -> None:
@@ -138,7 +222,7 @@ def _point_to(failure: BaseException, path: Path) -> None:
 def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
     return {"implementation": str(adapter.name), "implementation_version": str(adapter.version),
             "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
-            "capabilities": sorted(adapter.capabilities)}
+            "capabilities": sorted(adapter.capabilities), "layer_limits": LayerLimits.of(adapter).described()}
 
 
 @cache
@@ -188,14 +272,26 @@ class PropertyRun:
         import pytest
 
         self.required = tuple(str(getattr(c, "value", c)) for c in capabilities)
-        missing = [c for c in self.required if c not in self.adapter.capabilities]
+        missing = [c for c in self.required if c not in declared(self.adapter.capabilities)]
         if missing:
             pytest.skip(f"{self.adapter.name} does not declare {', '.join(missing)}")
 
     def run(self, machine: str, **parameters: Any) -> RunResult:
+        """Run ``machine``, without the rules a ``--kv-xfails`` entry leaves out; raise its failure."""
+        import pytest
+
+        from . import known_failures
+
+        left_out = known_failures.left_out(self.node)
+        rules = {name for name, spec in MACHINES[machine].specs().items() if spec.kind == "rule"}
+        for name, entry in left_out.items():
+            if name not in rules:
+                raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.node.nodeid} runs the "
+                                        f"{machine} machine, which has no rule {name!r}; its rules: "
+                                        f"{', '.join(sorted(rules))}")
         result = run_machine(machine, self.adapter, property_id=self.node.nodeid, parameters=parameters,
                              requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
-                             spec=self.spec)
+                             spec=self.spec, disabled_rules=frozenset(left_out))
         self.record("runs", result.runs)
         self.record("worst_error", result.worst[0])
         self.record("tolerance", result.worst[1])
@@ -203,5 +299,40 @@ class PropertyRun:
         if result.trace is not None:
             self.record("trace", str(result.trace))
         if result.failure is not None:
+            self.record("failure_kind", failure_kind(result.failure))
+            failed_in = failing_rule(result)
+            if failed_in is not None:
+                self.record("rule_failed", failed_in)
             raise result.failure
         return result
+
+
+def failing_rule(result: RunResult) -> str | None:
+    """The rule of the failing step (after which an invariant failed, for an invariant), from the trace."""
+    if result.trace is None or result.failing_step is None:
+        return None
+    try:
+        return str(trace.load(result.trace)["steps"][result.failing_step]["rule"])
+    except (trace.TraceError, LookupError, TypeError):
+        return None
+
+
+def failure_kind(error: BaseException) -> str:
+    """A short, step-independent name of a failure: the report's distinct causes are told apart by it."""
+    if isinstance(error, NonConformance):
+        return getattr(error, "kind", None) or kind_of_message(str(error))
+    if isinstance(error, Flaky):
+        return "flaky: the failure did not reproduce"
+    if type(error).__name__ == "UsageError":  # pytest's: a known-failures entry that does not fit this machine
+        return "usage error"
+    return f"suite error ({type(error).__name__})"  # anything but a NonConformance is a bug of the suite
+
+
+def kind_of_message(message: str) -> str:
+    """``failure_kind`` from a failure's text alone: its first line's last clause, numbers replaced by N."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    if "did not return within" in first:
+        return "hang"
+    first = re.sub(r"^[\w.]*(NonConformance|Error|Exception): ", "", first)
+    last = first.rsplit(": ", 1)[-1]
+    return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", last).strip()[:80] or "failed"

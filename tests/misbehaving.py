@@ -79,3 +79,13 @@ class ReturnsAList(_Misbehaving):
         busy = self._holds_rows(cache)
         output = super().step(layer, cache, x)
         return output.tolist() if busy else output
+
+
+class ResetKeepsTheLength(_Misbehaving):
+    """Fails the layer machine's ``reset`` rule only (decode sessions reset through ``reset_session``)."""
+
+    name = "misbehaving-reset-keeps-length"
+
+    def reset(self, cache: Any) -> None:
+        if not self._holds_rows(cache):
+            super().reset(cache)
