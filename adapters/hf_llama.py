@@ -7,12 +7,12 @@
 The layer is ``LlamaAttention`` with ``LlamaRotaryEmbedding`` (half-split
 RoPE) in float64; the cache is ``DynamicCache`` or ``StaticCache``, passed
 to the attention's own ``forward``, which calls ``cache.update``. The
-decoder of SPEC §4 (embedding, blocks of attention with ``tanh`` residuals,
+decoder of docs/spec.md §9 (embedding, blocks of attention with ``tanh`` residuals,
 tied logits) is built from one ``LlamaAttention`` per block over one
 ``DynamicCache``; its prefix store reuses a stored cache by ``copy.deepcopy``
 and ``crop``, as transformers' docs recommend. The glue here only places
 tokens (RoPE positions from the cache length, a mask over unused static
-slots) and keeps the store's bookkeeping (SPEC §5's longest usable prefix).
+slots) and keeps the store's bookkeeping (docs/spec.md §10.3's longest usable prefix).
 
 What transformers does not do is declared absent, so the suite skips it:
 no input validation, no non-finite rejection, no binding checks (identity,
@@ -20,7 +20,8 @@ revision, RoPE), no typed creation errors, no partial rotary, no
 interleaved RoPE, no sliding window. ``StaticCache`` preallocates
 ``[B, KV, C, dh]`` buffers, so it declares ``fixed_capacity`` (an
 ``IndexError`` past ``max_cache_len`` is mapped to ``full``) and
-``physical_storage``.
+``physical_storage``; its ``reset()`` zeroes both buffers in place
+(``reset_keeps_buffers``, ``reset_zeroes``).
 
 Llama's config insists on ``hidden_size % heads == 0``; the attention module
 itself does not need it, so the four projections are rebuilt at the suite's
@@ -151,7 +152,7 @@ class LlamaLayerAdapter:
         self.name = f"hf-llama-{'static' if static else 'dynamic'}-cache" + ("-float64-rope" if float64_rope else "")
         declared = {"float64", "rope_half_split", "gqa"}
         if static:
-            declared |= {"fixed_capacity", "physical_storage"}
+            declared |= {"fixed_capacity", "physical_storage", "reset_keeps_buffers", "reset_zeroes"}
         self.capabilities = frozenset(declared)
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
@@ -212,7 +213,7 @@ class LlamaLayerAdapter:
         return None
 
 
-# -- the decoder of SPEC §4-5, from Llama attention blocks ---------------------------------------------------
+# -- the decoder of spec §9-10, from Llama attention blocks ----------------------------------------------------
 
 @dataclass(eq=False)
 class Decoder:

@@ -1,20 +1,26 @@
 """A minimal complete adapter around a tiny KV cache written from scratch.
 
 The cache is a Python list of rows: no fixed capacity, no validation, MHA
-and interleaved RoPE only -- and it says so in ``capabilities``, so the suite
-skips what it does not claim and checks everything else. Run it with::
+and interleaved RoPE only -- and it says so in ``capabilities``. The suite
+still feeds it malformed, non-finite and over-capacity rows: what it raises on
+must change nothing (so a step appends only once everything has succeeded),
+and what it accepts without claiming to reject is not judged. Run it with::
 
     KVCACHE_IMPL=examples.minimal_adapter:make_adapter pytest -n auto properties/
 
 ``make_float32_adapter`` is the same cache computing and storing in float32:
 it declares ``dtype = "float32"`` and is judged by the low-precision rule
-(``properties/tolerance.py``) instead of 1e-12.
+(``properties/tolerance.py``) instead of 1e-12. ``make_float32_rope_adapter``
+stays float64 but computes its RoPE table (angles, cos, sin) in float32, as
+Hugging Face's ``LlamaRotaryEmbedding`` does in a float64 model, and
+``make_float32_softmax_adapter`` its softmax: each declares it in
+``mixed_precision`` and is judged by the mixed-precision rule.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,10 +38,13 @@ class Cache:
         self.values: list[np.ndarray] = []
 
 
-def rotate(x: np.ndarray, position: int, rope: Any) -> np.ndarray:
-    """Interleaved RoPE of ``x [..., dh]`` at ``position``."""
+def rotate(x: np.ndarray, position: int, rope: Any, table: str | None = None) -> np.ndarray:
+    """Interleaved RoPE of ``x [..., dh]`` at ``position``; angles, cos and sin in dtype ``table`` (None: float64).
+    A layer without RoPE (``rope`` None) is not rotated."""
+    if rope is None:
+        return x
     r = rope.rotary_width
-    theta = position * rope.base ** (-np.arange(0, r, 2) / r)
+    theta = position * np.asarray(rope.base, table) ** (-np.arange(0, r, 2, dtype=table) / r)
     a, b = x[..., 0:r:2], x[..., 1:r:2]
     out = x.copy()
     out[..., 0:r:2], out[..., 1:r:2] = a * np.cos(theta) - b * np.sin(theta), a * np.sin(theta) + b * np.cos(theta)
@@ -47,6 +56,8 @@ class MinimalAdapter:
     version = "1.0"
     dtype = "float64"
     capabilities = frozenset({"float64", "rope_interleaved"})
+    rope_table: str | None = None  # dtype of the RoPE table if not float64 (declare it in mixed_precision)
+    softmax_dtype: str | None = None  # dtype the softmax runs in if not self.dtype (likewise)
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
         arrays = {name: np.array(getattr(weights, name), dtype=self.dtype) for name in ("wq", "wk", "wv", "wo")}
@@ -69,15 +80,19 @@ class MinimalAdapter:
         w, heads, dh = layer.weights, layer.heads, layer.head_width
         row, position = x[:, 0, :].astype(self.dtype), len(cache.keys)
         split = lambda y: y.reshape(row.shape[0], heads, dh)  # noqa: E731  [B, H, dh]
-        query = rotate(split(row @ w["wq"]), position, layer.rope)
-        cache.keys.append(rotate(split(row @ w["wk"]), position, layer.rope))
-        cache.values.append(split(row @ w["wv"]))
-        keys, values = np.stack(cache.keys, axis=2), np.stack(cache.values, axis=2)  # [B, H, T, dh]
+        query = rotate(split(row @ w["wq"]), position, layer.rope, self.rope_table)
+        key, value = rotate(split(row @ w["wk"]), position, layer.rope, self.rope_table), split(row @ w["wv"])
+        keys = np.stack([*cache.keys, key], axis=2)  # [B, H, T, dh]; raises on a wrong batch: nothing written yet
+        values = np.stack([*cache.values, value], axis=2)
         scores = np.einsum("bhd,bhtd->bht", query, keys) / np.sqrt(np.array(dh, dtype=self.dtype))
+        scores = scores.astype(self.softmax_dtype or self.dtype)
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         weights /= weights.sum(axis=-1, keepdims=True)
-        mixed = np.einsum("bht,bhtd->bhd", weights, values).reshape(row.shape[0], heads * dh)
-        return (mixed @ w["wo"])[:, None, :]
+        mixed = np.einsum("bht,bhtd->bhd", weights.astype(self.dtype), values).reshape(row.shape[0], heads * dh)
+        output = (mixed @ w["wo"])[:, None, :]
+        cache.keys.append(key)  # only now: a step that raises above changes nothing
+        cache.values.append(value)
+        return output
 
     def reset(self, cache: Cache) -> None:
         cache.keys.clear()
@@ -97,9 +112,35 @@ class Float32Adapter(MinimalAdapter):
     capabilities = frozenset({"rope_interleaved"})
 
 
+class Float32RopeAdapter(MinimalAdapter):
+    """Float64 with a float32 RoPE table, declared: judged against the oracle run with a float32 table."""
+
+    name = "example-minimal-float32-rope"
+    capabilities = frozenset({"rope_interleaved"})  # not "float64": that capability means 1e-12 everywhere
+    rope_table = "float32"
+    mixed_precision: ClassVar[dict[str, str]] = {"rope": "float32"}
+
+
+class Float32SoftmaxAdapter(MinimalAdapter):
+    """Float64 with its softmax (exp, sum, division) in float32, declared."""
+
+    name = "example-minimal-float32-softmax"
+    capabilities = frozenset({"rope_interleaved"})
+    softmax_dtype = "float32"
+    mixed_precision: ClassVar[dict[str, str]] = {"softmax": "float32"}
+
+
 def make_adapter() -> MinimalAdapter:
     return MinimalAdapter()
 
 
 def make_float32_adapter() -> MinimalAdapter:
     return Float32Adapter()
+
+
+def make_float32_rope_adapter() -> MinimalAdapter:
+    return Float32RopeAdapter()
+
+
+def make_float32_softmax_adapter() -> MinimalAdapter:
+    return Float32SoftmaxAdapter()

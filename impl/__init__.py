@@ -1,4 +1,4 @@
-"""The reference implementation: a fixed-capacity, layer-bound KV cache (SPEC §3).
+"""The reference implementation: a fixed-capacity, layer-bound KV cache (docs/spec.md §4).
 
 Imports neither ``oracle`` nor ``properties``; the suite reaches it only
 through ``impl.conformance:make_adapter``.

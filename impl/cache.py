@@ -125,8 +125,12 @@ class LayerKvCache:
 
     # -- state changes ------------------------------------------------------------------------------
 
-    def reset(self) -> None:
-        """Empty the logical prefix; keep both buffers, their bytes and every binding."""
+    def reset(self, *, zero_storage: bool = False) -> None:
+        """Empty the logical prefix; keep both buffers and every binding. The bytes stay as they were
+        (chapter 37), unless ``zero_storage``: then both buffers are overwritten with zeros."""
+        if zero_storage:
+            self._keys.fill(0.0)
+            self._values.fill(0.0)
         self._length = self._next_position = 0
 
     def check_binding(self, layer: AttentionLayer) -> None:

@@ -34,6 +34,7 @@ ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.CacheFull: "full",
     errors.NonFiniteError: "non_finite",
     errors.InvalidTokens: "invalid_tokens",
+    errors.InvalidCacheArgument: "invalid_argument",
     errors.ZeroBatchSize: "zero_batch",
     errors.ZeroCapacity: "zero_capacity",
     errors.CapacityExceedsPositions: "capacity_exceeds_positions",
@@ -60,8 +61,8 @@ class ReferenceAdapter:
     capabilities = frozenset({
         "float64", "input_validation", "non_finite_rejection", "binding_checks", "fixed_capacity",
         "creation_errors", "gqa", "rope_interleaved", "rope_half_split", "partial_rotary",
-        "physical_storage", "decode_session", "prefix_store", "sliding_window", "positions_sinusoidal",
-        "positions_rope",
+        "physical_storage", "reset_keeps_bytes", "positionless", "decode_session", "prefix_store",
+        "sliding_window", "positions_sinusoidal", "positions_rope",
     })
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
@@ -95,7 +96,7 @@ class ReferenceAdapter:
             physical_keys=keys.copy(), physical_values=values.copy(),
             buffer_identity=(keys.__array_interface__["data"][0], values.__array_interface__["data"][0]))
 
-    # -- the decoder (SPEC §4-5) ---------------------------------------------------------------------
+    # -- the decoder (spec §9-10) ----------------------------------------------------------------------
 
     def create_decoder(self, config: Any, weights: Any) -> Decoder:
         rope = config.rope
@@ -143,6 +144,8 @@ class ReferenceAdapter:
 
 
 def _rope(rope: Any) -> RopeConfig:
+    if rope is None:  # a positionless layer: RoPE of rotary width 0 rotates nothing, at any position
+        return RopeConfig("interleaved", 10000.0, 0, 1 << 62)
     return RopeConfig(rope.style, rope.base, rope.rotary_width, rope.max_positions)
 
 

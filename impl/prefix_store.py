@@ -1,4 +1,4 @@
-"""The longest-common-prefix store of the prefix-reuse experiment (SPEC §5).
+"""The longest-common-prefix store of the prefix-reuse experiment (docs/spec.md §10).
 
 An entry is one cached prefill: per block the K and V rows and the absolute
 position of each, plus ``next_position``, under a scope (a caller string, not
@@ -99,7 +99,7 @@ class PrefixStore:
         return _continue(model, ids, entry, cut, cut, scope, signature, index)
 
     def best_prefix(self, tokens: np.ndarray, scope: str, signature: str) -> tuple[int | None, int]:
-        """The entry to reuse and the cut, by the rules of SPEC §5.
+        """The entry to reuse and the cut, by the rules of docs/spec.md §10.3.
 
         Only entries of this scope and signature count. A full-attention entry
         is usable up to its longest contiguous common prefix with the query; a

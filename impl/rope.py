@@ -1,4 +1,4 @@
-"""Vectorised RoPE in both pairings (SPEC §2)."""
+"""Vectorised RoPE in both pairings (docs/spec.md §2.3)."""
 
 from __future__ import annotations
 

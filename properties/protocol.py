@@ -11,7 +11,7 @@ minimal complete example.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,8 +19,9 @@ import numpy as np
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
-__all__ = ["AttentionWeights", "BlockState", "CacheSnapshot", "Capability", "DecoderAdapter", "DecoderConfig",
-           "DecoderWeights", "ErrorKind", "KvCacheAdapter", "RopeConfig", "StoreEntry", "StoreResult"]
+__all__ = ["VALIDATIONS", "AttentionWeights", "BlockState", "CacheSnapshot", "Capability", "DecoderAdapter",
+           "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits", "RopeConfig", "StoreEntry",
+           "StoreResult", "declared"]
 
 
 class ErrorKind(str, Enum):
@@ -44,6 +45,7 @@ class ErrorKind(str, Enum):
     NON_FINITE = "non_finite"  # the input, a projection, the scores or the output is inf/NaN
     INVALID_TOKENS = "invalid_tokens"  # not a non-empty 1-D sequence of int ids in [0, vocab)
     # cache creation
+    INVALID_ARGUMENT = "invalid_argument"  # batch or capacity not an int (a bool is not), or negative
     ZERO_BATCH = "zero_batch"
     ZERO_CAPACITY = "zero_capacity"
     CAPACITY_EXCEEDS_POSITIONS = "capacity_exceeds_positions"
@@ -55,7 +57,14 @@ class Capability(str, Enum):
     """What an implementation claims; properties needing an absent one are skipped."""
 
     FLOAT64 = "float64"  # computes in float64: judged at 1e-12 absolute
-    INPUT_VALIDATION = "input_validation"  # rejects bad dtype, rank, token count, batch, width; invalid token ids
+    # Validation, one kind at a time: the error kind of such an input is judged only where claimed.
+    VALIDATES_DTYPE = "validates_dtype"  # rejects anything but a float64 ndarray
+    VALIDATES_RANK = "validates_rank"  # rejects inputs that are not 3-D
+    VALIDATES_TOKEN_COUNT = "validates_token_count"  # rejects steps of other than one token
+    VALIDATES_BATCH = "validates_batch"  # rejects an input batch other than the cache's
+    VALIDATES_WIDTH = "validates_width"  # rejects an input width other than the model's
+    VALIDATES_TOKENS = "validates_tokens"  # rejects invalid token sequences (sessions, stores)
+    INPUT_VALIDATION = "input_validation"  # shorthand: all six above
     NON_FINITE_REJECTION = "non_finite_rejection"  # rejects inf/NaN inputs and overflowing steps
     BINDING_CHECKS = "binding_checks"  # rejects other geometry, identity, revision, RoPE; stale sessions
     FIXED_CAPACITY = "fixed_capacity"  # preallocated capacity; a full cache (or session) rejects with FULL
@@ -65,12 +74,75 @@ class Capability(str, Enum):
     ROPE_HALF_SPLIT = "rope_half_split"
     PARTIAL_ROTARY = "partial_rotary"  # rotary width may be below head width
     PHYSICAL_STORAGE = "physical_storage"  # snapshots expose [B, KV, C, dh] buffers and their identity
-    # the decoder of SPEC §4-5 (``DecoderAdapter``)
+    # What reset does to the storage (observable with physical_storage); none declared: only length 0 is judged.
+    RESET_KEEPS_BUFFERS = "reset_keeps_buffers"  # the same buffers afterwards (contents unspecified)
+    RESET_KEEPS_BYTES = "reset_keeps_bytes"  # the same buffers, every byte as it was (ch. 37; implies the above)
+    RESET_ZEROES = "reset_zeroes"  # every byte of both buffers 0 afterwards (the same buffers or new ones)
+    # Position conventions of a layer cache (besides rope_interleaved / rope_half_split, keys cached rotated).
+    KEYS_UNROTATED = "keys_unrotated"  # keys cached before RoPE, rotated when read
+    POSITIONLESS = "positionless"  # layers without RoPE (no positional dependence): handed rope=None
+    # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)
     DECODE_SESSION = "decode_session"  # prefill + decode over one cache per block, all or nothing
-    PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of SPEC §5
+    PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of spec §10
     SLIDING_WINDOW = "sliding_window"  # decoders with a sliding attention window
     POSITIONS_SINUSOIDAL = "positions_sinusoidal"  # absolute sinusoids added to the embedding
     POSITIONS_ROPE = "positions_rope"  # RoPE inside attention
+
+
+VALIDATIONS = {  # each claimed validation and the error kind it decides
+    Capability.VALIDATES_DTYPE: ErrorKind.DTYPE, Capability.VALIDATES_RANK: ErrorKind.RANK,
+    Capability.VALIDATES_TOKEN_COUNT: ErrorKind.TOKEN_COUNT, Capability.VALIDATES_BATCH: ErrorKind.BATCH_MISMATCH,
+    Capability.VALIDATES_WIDTH: ErrorKind.WIDTH_MISMATCH, Capability.VALIDATES_TOKENS: ErrorKind.INVALID_TOKENS,
+}
+_IMPLIES = {
+    Capability.INPUT_VALIDATION.value: {c.value for c in VALIDATIONS},
+    Capability.RESET_KEEPS_BYTES.value: {Capability.RESET_KEEPS_BUFFERS.value},
+}
+
+
+def declared(capabilities: Any) -> frozenset[str]:
+    """An adapter's capabilities with the shorthands spelled out (``input_validation`` = every validation)."""
+    names = {str(getattr(c, "value", c)) for c in capabilities}
+    for shorthand, meaning in _IMPLIES.items():
+        if shorthand in names:
+            names |= meaning
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class LayerLimits:
+    """The geometries an implementation can build (an adapter's optional ``layer_limits``, a mapping).
+
+    The suite draws only layers within them, and the report says so. Every
+    field is optional; the defaults are the suite's own ranges.
+    """
+
+    model_width_is_heads_times_head_width: bool = False  # D == H * dh (most model code assumes it)
+    max_heads: int | None = None
+    max_head_width: int | None = None
+    max_model_width: int | None = None
+    max_batch: int | None = None
+    max_capacity: int | None = None
+
+    @classmethod
+    def of(cls, adapter: Any) -> LayerLimits:
+        given = getattr(adapter, "layer_limits", None) or {}
+        if isinstance(given, LayerLimits):
+            return given
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise TypeError(f"layer_limits: unknown limit {', '.join(map(repr, unknown))}; known: {sorted(known)}")
+        for name, value in given.items():
+            wanted = bool if name == "model_width_is_heads_times_head_width" else int
+            if not isinstance(value, wanted) or (wanted is int and (isinstance(value, bool) or value < 1)):
+                raise TypeError(f"layer_limits[{name!r}] must be {'a bool' if wanted is bool else 'an int >= 1'}, "
+                                f"got {value!r}")
+        return cls(**given)
+
+    def described(self) -> dict[str, Any]:
+        """The limits that differ from the suite's defaults (for reports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,7 +274,8 @@ class DecoderAdapter(Protocol):
         """An empty prefix store keeping at most ``capacity`` entries."""
 
     def store_prefill(self, store: Any, decoder: Any, scope: str, tokens: Any) -> StoreResult:
-        """Compute ``tokens`` from scratch and store them (evicting the oldest entry when full)."""
+        """Compute ``tokens`` and store them (evicting the oldest entry when full); computing from scratch
+        or first reusing a stored prefix by the query's rules are both conforming (docs/spec.md §10.7)."""
 
     def store_query(self, store: Any, decoder: Any, scope: str, tokens: Any) -> StoreResult:
         """Compute ``tokens`` reusing the longest usable stored prefix; store nothing."""

@@ -15,8 +15,8 @@ import re
 
 from oracle import FLOAT64, NumberSystem, mpmath_precision
 
-from .protocol import Capability, KvCacheAdapter
-from .tolerance import DTYPES
+from .protocol import Capability, KvCacheAdapter, LayerLimits, declared
+from .tolerance import DTYPES, declared_precision
 
 ENV_VAR = "KVCACHE_IMPL"
 OPTION = "--kv-impl"
@@ -68,7 +68,35 @@ def load_adapter(spec: str) -> KvCacheAdapter:
         raise AdapterLoadError(f"{where}: dtype {dtype!r} is not one of {DTYPES}")
     if dtype != "float64" and Capability.FLOAT64.value in adapter.capabilities:
         raise AdapterLoadError(f"{where}: declares dtype {dtype} and the float64 capability; which is it?")
+    try:
+        _, mixed = declared_precision(adapter)  # mixed_precision: known components, low dtypes, float64 only
+    except ValueError as error:
+        raise AdapterLoadError(f"{where}: {error}") from error
+    if mixed and Capability.FLOAT64.value in adapter.capabilities:
+        raise AdapterLoadError(f"{where}: declares mixed_precision {mixed} and the float64 capability "
+                               "(1e-12 everywhere); which is it?")
+    for problem in declaration_problems(adapter):
+        raise AdapterLoadError(f"{where}: {problem}")
     return adapter
+
+
+def declaration_problems(adapter: KvCacheAdapter) -> list[str]:
+    """Declarations that contradict each other or could never be checked (a verdict must not claim them)."""
+    capabilities = declared(adapter.capabilities)
+    problems = []
+    resets = sorted(c for c in capabilities if c.startswith("reset_"))
+    if resets and Capability.PHYSICAL_STORAGE.value not in capabilities:
+        problems.append(f"declares {', '.join(resets)}, which only physical_storage lets the suite observe")
+    if {Capability.RESET_KEEPS_BYTES.value, Capability.RESET_ZEROES.value} <= capabilities:
+        problems.append("declares reset_keeps_bytes and reset_zeroes: reset cannot both keep and zero the bytes")
+    if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
+            Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
+        problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")
+    try:
+        LayerLimits.of(adapter)
+    except TypeError as error:
+        problems.append(str(error))
+    return problems
 
 
 def configure(option: str | None = None, oracle: str = "float64") -> KvCacheAdapter:

@@ -1,11 +1,13 @@
-"""SPEC §3: creating a cache rejects zero batch, zero capacity, capacity above the
-RoPE position capacity, element-count overflow and allocation failure, each with
-its own error kind; the boundary cases are accepted and the cache starts empty."""
+"""docs/spec.md §4.2: creating a cache rejects a batch or capacity that is not a non-negative int,
+zero batch, zero capacity, capacity above the RoPE position capacity, element-count
+overflow and allocation failure, each with its own error kind; the boundary cases are
+accepted and the cache starts empty."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from oracle import RopeConfig
 from properties import selection
 from properties import strategies as s
-from properties.protocol import Capability, ErrorKind, KvCacheAdapter
+from properties.protocol import Capability, ErrorKind, KvCacheAdapter, LayerLimits, declared
 from properties.verdict import NonConformance, call, expect_rejection, expect_success, read_snapshot
 
 MAX_INDEXABLE_BYTES = 2**63 - 1  # the largest byte count a 64-bit numpy array can index
@@ -30,19 +32,45 @@ def adapter() -> KvCacheAdapter:
 
 def _layer(adapter: KvCacheAdapter, config: s.LayerConfig, max_positions: int | None = None) -> Any:
     rope = config.rope
-    if max_positions is not None:
+    if max_positions is not None and rope is not None:
         rope = RopeConfig(rope.style, rope.base, rope.rotary_width, max_positions)
     return expect_success(call(adapter, "create a layer", lambda: adapter.create_layer(config.weights, rope)),
                           "create a layer")
 
 
-def _create(adapter: KvCacheAdapter, layer: Any, batch: int, capacity: int) -> Any:
+def _create(adapter: KvCacheAdapter, layer: Any, batch: Any, capacity: Any) -> Any:
     return call(adapter, f"create a cache of batch {batch}, capacity {capacity}",
                 lambda: adapter.create_cache(layer, batch, capacity))
 
 
-def configs() -> st.SearchStrategy[s.LayerConfig]:
-    return s.layer_configs(selection.selected().capabilities)
+def configs(*, rope: bool = False) -> st.SearchStrategy[s.LayerConfig]:
+    """Layers the implementation can build; with ``rope``, only layers with RoPE (a position capacity)."""
+    adapter = selection.selected()
+    capabilities, limits = declared(adapter.capabilities), LayerLimits.of(adapter)
+    styles = [c for c in s.position_styles(capabilities) if c != "none" or not rope]
+    if not styles:
+        return st.nothing()  # the property's fixture skips it
+    return st.sampled_from(styles).flatmap(lambda style: s.layer_configs(capabilities, style=style, limits=limits))
+
+
+@pytest.fixture(scope="module")
+def rope_adapter(adapter: KvCacheAdapter) -> KvCacheAdapter:
+    if not any(c != "none" for c in s.position_styles(declared(adapter.capabilities))):
+        pytest.skip(f"{adapter.name} declares no RoPE: its layers have no position capacity")
+    return adapter
+
+
+NOT_SIZES = st.one_of(st.integers(-(1 << 40), -1), st.booleans(), st.floats(allow_nan=True), st.just("2"),
+                      st.just(None), st.just(np.int64(-1)))
+
+
+@given(config=configs(), bad=NOT_SIZES, which=st.sampled_from(["batch", "capacity"]))
+def test_a_batch_or_capacity_that_is_not_a_count_is_rejected(adapter: KvCacheAdapter, config: s.LayerConfig,
+                                                             bad: Any, which: str) -> None:
+    """Negative, bool, float, str, None: INVALID_ARGUMENT -- never a zero_* kind or a raw TypeError."""
+    layer = _layer(adapter, config)
+    batch, capacity = (bad, config.capacity) if which == "batch" else (config.batch_size, bad)
+    expect_rejection(_create(adapter, layer, batch, capacity), ErrorKind.INVALID_ARGUMENT, f"{which} {bad!r}")
 
 
 @given(config=configs(), data=st.data())
@@ -53,8 +81,11 @@ def test_zero_batch_and_zero_capacity_are_rejected(adapter: KvCacheAdapter, conf
     expect_rejection(_create(adapter, layer, config.batch_size, 0), ErrorKind.ZERO_CAPACITY, "capacity 0")
 
 
-@given(config=configs(), extra=st.integers(1, 1 << 20))
-def test_capacity_is_bounded_by_rope_positions(adapter: KvCacheAdapter, config: s.LayerConfig, extra: int) -> None:
+@given(config=configs(rope=True), extra=st.integers(1, 1 << 20))
+def test_capacity_is_bounded_by_rope_positions(rope_adapter: KvCacheAdapter, config: s.LayerConfig,
+                                               extra: int) -> None:
+    adapter = rope_adapter
+    assert config.rope is not None
     layer = _layer(adapter, config)
     limit = config.rope.max_positions
     expect_rejection(_create(adapter, layer, config.batch_size, limit + extra),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from oracle import FLOAT64, full_decoder, full_prefix_attention, mpmath_precision, random_decoder_weights
 from properties import selection
 from properties import strategies as s
-from properties.protocol import Capability
+from properties.protocol import Capability, LayerLimits, declared
 from properties.verdict import assert_close, call, expect_success
 
 ORACLE_AGREEMENT = 1e-13
@@ -27,7 +27,8 @@ FEW = settings(settings.default, max_examples=max(10, settings.default.max_examp
 
 @st.composite
 def prefixes(draw: st.DrawFn) -> tuple[s.LayerConfig, st.SearchStrategy]:
-    config = draw(s.layer_configs(selection.selected().capabilities))
+    adapter = selection.selected()
+    config = draw(s.layer_configs(declared(adapter.capabilities), limits=LayerLimits.of(adapter)))
     tokens = draw(st.integers(1, config.capacity), label="tokens")
     x = draw(s.bounded_arrays((config.batch_size, tokens, config.model_width), s.INPUT_BOUND), label="x")
     return config, x
@@ -37,8 +38,8 @@ def prefixes(draw: st.DrawFn) -> tuple[s.LayerConfig, st.SearchStrategy]:
 @given(case=prefixes())
 def test_float64_oracle_agrees_with_mpmath(case: tuple) -> None:
     config, x = case
-    fast = full_prefix_attention(x, config.weights, config.rope, numbers=FLOAT64)
-    exact = full_prefix_attention(x, config.weights, config.rope, numbers=MPMATH)
+    fast = full_prefix_attention(x, config.weights, config.oracle_rope, numbers=FLOAT64)
+    exact = full_prefix_attention(x, config.weights, config.oracle_rope, numbers=MPMATH)
     for name in ("outputs", "keys", "values"):
         assert_close(getattr(fast, name), getattr(exact, name), tolerance=ORACLE_AGREEMENT,
                      what=f"float64 oracle {name} against mpmath (a suite bug if this fails)")
@@ -51,7 +52,7 @@ def test_implementation_agrees_with_mpmath(case: tuple) -> None:
     if Capability.FLOAT64.value not in adapter.capabilities:
         pytest.skip(f"{adapter.name} does not declare float64: the 1e-12 rule does not apply")
     config, x = case
-    exact = full_prefix_attention(x, config.weights, config.rope, numbers=MPMATH)
+    exact = full_prefix_attention(x, config.weights, config.oracle_rope, numbers=MPMATH)
     layer = expect_success(call(adapter, "create a layer",
                                 lambda: adapter.create_layer(config.weights, config.rope)), "create a layer")
     cache = expect_success(call(adapter, "create a cache",

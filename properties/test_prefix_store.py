@@ -1,4 +1,4 @@
-"""SPEC §5 and §6: the prefix store, driven at random, reuses exactly what the rules allow and
+"""docs/spec.md §10 and §11: the prefix store, driven at random, reuses exactly what the rules allow and
 always equals full recomputation; once with full attention, once with sliding windows."""
 
 from __future__ import annotations

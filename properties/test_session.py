@@ -1,4 +1,4 @@
-"""SPEC §4 and §6: the decode session, driven at random, equals full recomputation after every step."""
+"""docs/spec.md §9 and §11: the decode session, driven at random, equals full recomputation after every step."""
 
 from __future__ import annotations
 

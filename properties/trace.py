@@ -32,13 +32,15 @@ from hypothesis import strategies as st
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
-from .strategies import LayerConfig, requirements_of
+from .layouts import layout_of, with_layout
+from .strategies import LayerConfig, MalformedRow, requirements_of
 
 FORMAT = "kvcache-conformance-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: arrays record their layout; object arrays
+READABLE_VERSIONS = (1, 2)
 _SPEC = "_kvcache_rule"
 _DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, DecoderConfig, DecoderWeights, LayerConfig,
-                                              RopeConfig)}
+                                              MalformedRow, RopeConfig)}
 
 
 class TraceError(ValueError):
@@ -65,14 +67,20 @@ def encode(value: Any) -> Any:
         value = float(value)
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, np.ndarray):
-        flat = value.ravel().tolist()
+        flat = value.ravel().tolist()  # logical (C) order, whatever the layout
         if value.dtype.kind == "c":
             data: list[Any] = [[_number(z.real), _number(z.imag)] for z in flat]
         elif value.dtype.kind == "f":
             data = [_number(v) for v in flat]
+        elif value.dtype.kind == "O":
+            data = [encode(v) for v in flat]
         else:
             data = flat
-        return {"$array": {"dtype": value.dtype.str, "shape": list(value.shape), "data": data}}
+        body = {"dtype": value.dtype.str, "shape": list(value.shape), "data": data}
+        order, writeable = layout_of(value)
+        if (order, writeable) != ("C", True):  # how the adapter was handed it: part of the input
+            body["layout"] = {"order": order, "writeable": writeable}
+        return {"$array": body}
     if isinstance(value, list):
         return [encode(v) for v in value]
     if isinstance(value, tuple):
@@ -109,9 +117,20 @@ def decode(value: Any) -> Any:
             data: list[Any] = [complex(_float(re), _float(im)) for re, im in body["data"]]
         elif dtype.kind == "f":
             data = [_float(v) for v in body["data"]]
+        elif dtype.kind == "O":
+            data = [decode(v) for v in body["data"]]
         else:
             data = body["data"]
-        return np.array(data, dtype=dtype).reshape(body["shape"])
+        array = np.empty(len(data), dtype=dtype)
+        array[:] = data
+        array = array.reshape(body["shape"])
+        layout = body.get("layout")
+        if layout is None:
+            return array
+        try:
+            return with_layout(array, layout["order"], bool(layout["writeable"]))
+        except (ValueError, KeyError, TypeError) as error:
+            raise TraceError(f"bad array layout {layout!r}: {error}") from error
     cls = _DATACLASSES.get(tag[1:]) if tag.startswith("$") else None
     if cls is None:
         raise TraceError(f"unknown tag {tag!r}")
@@ -363,6 +382,7 @@ def load(path: Path) -> dict[str, Any]:
         raise TraceError(f"{path}: cannot read a trace: {error}") from error
     if not isinstance(trace, dict) or trace.get("format") != FORMAT:
         raise TraceError(f"{path}: not a {FORMAT} file")
-    if trace.get("format_version") != FORMAT_VERSION:
-        raise TraceError(f"{path}: format version {trace.get('format_version')}, this suite reads {FORMAT_VERSION}")
+    if trace.get("format_version") not in READABLE_VERSIONS:
+        raise TraceError(f"{path}: format version {trace.get('format_version')}, this suite reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     return trace

@@ -17,17 +17,24 @@ from typing import Any
 
 import numpy as np
 
+from .layouts import same_layout_copy
 from .protocol import CacheSnapshot, ErrorKind, KvCacheAdapter
 
 
 class NonConformance(AssertionError):
-    """The implementation under test did not do what the specification requires."""
+    """The implementation under test did not do what the specification requires.
+
+    ``kind`` is a short, step-independent name of what went wrong (``"expected full, got accepted"``,
+    ``"output mismatch"``): the report groups failures into distinct causes by it. The shared
+    checks below set it; elsewhere the report derives it from the message (``runner.failure_kind``).
+    """
 
     raised = 0  # how many were ever made in this process (the mutant report counts with it)
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, kind: str | None = None) -> None:
         type(self).raised += 1
         super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class Inputs:
         self._handed: list[tuple[str, Any, Any]] = []
 
     def __call__(self, name: str, value: Any) -> Any:
-        given = copy.deepcopy(value)
+        given = same_layout_copy(value) if isinstance(value, np.ndarray) else copy.deepcopy(value)
         self._handed.append((name, value, given))
         return given
 
@@ -95,7 +102,29 @@ class Inputs:
         for name, original, given in self._handed:
             if encode(given) != encode(original):
                 raise NonConformance(f"{what}: the implementation modified its input {name} in place; "
-                                     "inputs belong to the caller")
+                                     "inputs belong to the caller", kind="input modified in place")
+
+
+def _run(what: str, action: Callable[[], Any], inputs: Inputs | None) -> Outcome:
+    try:
+        with _watchdog(what, CALL_TIMEOUT):
+            outcome = Outcome(value=action())
+    except Exception as error:
+        outcome = Outcome(error=error)
+    if inputs is not None:
+        inputs.check(what)
+    return outcome
+
+
+def attempt(adapter: KvCacheAdapter, what: str, action: Callable[[], Any], inputs: Inputs | None = None, *,
+            judged: bool) -> Outcome:
+    """``call`` for an input whose error kind is judged only where the adapter claims it.
+
+    With ``judged`` False, any exception -- mapped or not -- is an outcome with ``error`` set and no
+    ``kind``: only what every implementation owes is judged afterwards (a call that raised changed
+    nothing).
+    """
+    return call(adapter, what, action, inputs) if judged else _run(what, action, inputs)
 
 
 def call(adapter: KvCacheAdapter, what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> Outcome:
@@ -104,13 +133,7 @@ def call(adapter: KvCacheAdapter, what: str, action: Callable[[], Any], inputs: 
     The call gets ``CALL_TIMEOUT`` seconds; afterwards whatever ``inputs``
     handed it must be as it was.
     """
-    try:
-        with _watchdog(what, CALL_TIMEOUT):
-            outcome = Outcome(value=action())
-    except Exception as error:
-        outcome = Outcome(error=error)
-    if inputs is not None:
-        inputs.check(what)
+    outcome = _run(what, action, inputs)
     if outcome.error is None:
         return outcome
     error = outcome.error
@@ -118,15 +141,17 @@ def call(adapter: KvCacheAdapter, what: str, action: Callable[[], Any], inputs: 
         kind = adapter.error_kind(error)
     except Exception as failure:
         raise NonConformance(f"{what}: raised {type(error).__name__}: {error}, and the adapter's error_kind "
-                             f"raised {type(failure).__name__}: {failure} on it") from failure
+                             f"raised {type(failure).__name__}: {failure} on it",
+                             kind="unexpected exception (error_kind raised)") from failure
     if kind is None:
         raise NonConformance(f"{what}: raised {type(error).__name__}: {error} -- "
-                             "an exception the adapter does not map to an error kind") from error
+                             "an exception the adapter does not map to an error kind",
+                             kind=f"unexpected exception ({type(error).__name__})") from error
     try:
         return Outcome(kind=ErrorKind(kind), error=error)
     except ValueError:
         raise NonConformance(f"{what}: the adapter mapped {type(error).__name__} to unknown "
-                             f"kind {kind!r}") from error
+                             f"kind {kind!r}", kind="unknown error kind") from error
 
 
 def fields(value: Any, names: Sequence[str], what: str) -> tuple[Any, ...]:
@@ -134,23 +159,25 @@ def fields(value: Any, names: Sequence[str], what: str) -> tuple[Any, ...]:
     try:
         return tuple(getattr(value, name) for name in names)
     except AttributeError as error:
-        raise NonConformance(f"{what}: the result lacks a field: {error}") from error
+        raise NonConformance(f"{what}: the result lacks a field: {error}", kind="malformed result") from error
 
 
 def expect_rejection(outcome: Outcome, expected: ErrorKind, what: str) -> None:
     __tracebackhide__ = True
     if outcome.kind is None:
-        raise NonConformance(f"{what}: succeeded, but should be rejected with {expected.value}")
+        raise NonConformance(f"{what}: succeeded, but should be rejected with {expected.value}",
+                             kind=f"expected {expected.value}, got success")
     if outcome.kind != expected:
         raise NonConformance(f"{what}: rejected with {outcome.kind.value} ({outcome.error}), "
-                             f"but should be rejected with {expected.value}")
+                             f"but should be rejected with {expected.value}",
+                             kind=f"expected {expected.value}, got {outcome.kind.value}")
 
 
 def expect_success(outcome: Outcome, what: str) -> Any:
     __tracebackhide__ = True
     if outcome.kind is not None:
         raise NonConformance(f"{what}: rejected with {outcome.kind.value} ({outcome.error}), "
-                             "but should succeed")
+                             "but should succeed", kind=f"expected success, got {outcome.kind.value}")
     return outcome.value
 
 
@@ -164,14 +191,17 @@ def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: s
     per axis, with the names in ``axes`` (the last ``ndim`` of them are used).
     """
     __tracebackhide__ = True
+    compared = "cached rows" if "cached" in what else "output"  # the machines say "cached ..." of stored K/V
     if not isinstance(actual, np.ndarray):
         raise NonConformance(f"{what}: expected a numpy array of shape {expected.shape}, "
-                             f"got {type(actual).__name__}")
+                             f"got {type(actual).__name__}", kind=f"{compared}: not an array")
     if actual.shape != expected.shape:
-        raise NonConformance(f"{what}: shape {actual.shape}, but should be {expected.shape}")
+        raise NonConformance(f"{what}: shape {actual.shape}, but should be {expected.shape}",
+                             kind=f"{compared}: wrong shape")
     if (actual.dtype != dtype) if dtype is not None else (actual.dtype.kind != "f" and actual.dtype.name != "bfloat16"):
         raise NonConformance(f"{what}: dtype {actual.dtype}, but should be "
-                             f"{np.dtype(dtype) if dtype is not None else 'a real floating type'}")
+                             f"{np.dtype(dtype) if dtype is not None else 'a real floating type'}",
+                             kind=f"{compared}: wrong dtype")
     if actual.size == 0:
         return 0.0
     actual = actual.astype(np.float64)
@@ -185,7 +215,7 @@ def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: s
         mismatched = int(np.count_nonzero(~(error <= tolerance)))
         raise NonConformance(f"{what}: |error| {worst_error:.3e} at {where} exceeds tolerance {tolerance:.0e} "
                              f"({mismatched} of {error.size} elements); got {actual[worst]!r}, "
-                             f"should be {expected[worst]!r}")
+                             f"should be {expected[worst]!r}", kind=f"{compared} mismatch")
     return worst_error
 
 
@@ -200,23 +230,24 @@ def read_snapshot(adapter: KvCacheAdapter, cache: Any, what: str, *, physical: b
             physical_values=getattr(snapshot, "physical_values", None) if physical else None,
             buffer_identity=getattr(snapshot, "buffer_identity", None) if physical else None)
     except AttributeError as error:
-        raise NonConformance(f"{what}: snapshot lacks a field: {error}") from error
+        raise NonConformance(f"{what}: snapshot lacks a field: {error}", kind="malformed snapshot") from error
     arrays = [result.keys, result.values] + ([result.physical_keys, result.physical_values] if physical else [])
     if not isinstance(result.length, (int, np.integer)) or not all(isinstance(a, np.ndarray) for a in arrays):
-        raise NonConformance(f"{what}: snapshot must hold an int length and numpy arrays")
+        raise NonConformance(f"{what}: snapshot must hold an int length and numpy arrays", kind="malformed snapshot")
     return result
 
 
 def same_state(before: CacheSnapshot, after: CacheSnapshot, what: str, rule: str) -> None:
     """Raise unless nothing observable changed: length, logical K/V, storage bytes, buffers."""
     __tracebackhide__ = True
+    kind = "state changed by a rejected call" if "rejected" in rule else f"state changed ({rule})"
     if after.length != before.length:
-        raise NonConformance(f"{what}: cache length changed {before.length} -> {after.length}, but {rule}")
+        raise NonConformance(f"{what}: cache length changed {before.length} -> {after.length}, but {rule}", kind=kind)
     for name in ("keys", "values", "physical_keys", "physical_values"):
         old, new = getattr(before, name), getattr(after, name)
         if old is None:
             continue
         if old.shape != new.shape or old.tobytes() != new.tobytes():
-            raise NonConformance(f"{what}: {name.replace('_', ' ')} changed, but {rule}")
+            raise NonConformance(f"{what}: {name.replace('_', ' ')} changed, but {rule}", kind=kind)
     if before.buffer_identity != after.buffer_identity:
-        raise NonConformance(f"{what}: storage buffers were replaced, but {rule}")
+        raise NonConformance(f"{what}: storage buffers were replaced, but {rule}", kind=kind)

@@ -26,6 +26,7 @@ class Mutant:
     edits: tuple[tuple[str, str], ...]
     why: str
     machine: str = "layer cache"  # the machine that must kill it: layer cache, session or prefix store
+    undeclared: tuple[str, ...] = ()  # capabilities its adapter no longer declares
 
 
 MUTANTS = (
@@ -110,21 +111,24 @@ MUTANTS = (
             ('_require_finite(NonFiniteKeyValue, "projected key", key)', "pass"),
             ('_require_finite(NonFiniteKeyValue, "projected value", value)', "pass"),
             ('_require_finite(NonFiniteAttention, "rotated query", query)', "pass"),
+            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),
             ('_require_finite(NonFiniteAttention, "attention output", output)', "pass")),
            "no finiteness checks at all: NaN rows are committed"),
     Mutant("output_checked_after_commit", "attention.py",
            (('            _require_finite(NonFiniteAttention, "rotated query", query)\n', ""),
+            # a non-finite query makes its own score non-finite: the score check would stand in for it
+            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),
             ('            _require_finite(NonFiniteAttention, "attention output", output)\n', ""),
             ("        cache._commit(prepared.keys, prepared.values)\n        return prepared.output",
              "        cache._commit(prepared.keys, prepared.values)\n"
              '        _require_finite(NonFiniteAttention, "attention output", prepared.output)\n'
              "        return prepared.output")),
-           "commits the row before checking that the query and output are finite"),
+           "commits the row before checking that the query, its scores and the output are finite"),
     Mutant("integer_input_cast", "attention.py",
            (("        self._validate_request(x, cache)\n",
              "        x = np.asarray(x).real.astype(np.float64)\n        self._validate_request(x, cache)\n"),),
            "silently converts integer and complex rows to float64"),
-    # -- the decode session and the prefix store (SPEC §4-5) --
+    # -- the decode session and the prefix store (docs/spec.md §9-10) --
     Mutant("stale_next_position", "prefix_store.py",
            (("return _continue(model, ids, entry, cut, cut, scope, signature, index)",
              "return _continue(model, ids, entry, cut, entry.next_position if entry else cut, scope, signature, "
@@ -174,6 +178,67 @@ MUTANTS = (
             ("        for cache, rows in zip(self.caches, prepared):  # nothing below can fail\n"
              "            cache._commit(rows.keys, rows.values)\n", "")),
            "commits block 1 before block 2 has been checked and computed", "session"),
+    # -- the session's order of checks: tokens, then every block's revision, then the capacity --
+    Mutant("session_order_per_block", "decoder.py",
+           (("            cache.check_binding(block)  # parameters may have been written in place since creation\n"
+             "        if self.length + len(tokens) > self.capacity:"
+             "  # bindings first, then capacity, as in chapter 37\n"
+             "            raise CacheFull(self.capacity)\n",
+             "            cache.check_binding(block)  # parameters may have been written in place since creation\n"
+             "            if cache.length + len(tokens) > self.capacity:  # each block as a layer: binding, then room\n"
+             "                raise CacheFull(self.capacity)\n"),),
+           "checks revision and capacity block by block: a full session with a stale later block reports full",
+           "session"),
+    Mutant("session_binding_before_tokens", "decoder.py",
+           (("        return self._advance(validate_tokens(tokens, self.model.vocab))\n",
+             "        for block, cache in zip(self.model.blocks, self.caches):\n"
+             "            cache.check_binding(block)  # fail fast on a stale session, before reading the prompt\n"
+             "        return self._advance(validate_tokens(tokens, self.model.vocab))\n"),),
+           "a prefill checks the blocks' revisions before its tokens: stale and invalid reports revision_mismatch",
+           "session"),
+    Mutant("session_capacity_before_tokens", "decoder.py",
+           (("        return self._advance(validate_tokens(tokens, self.model.vocab))\n",
+             "        if self.length + len(tokens) > self.capacity:  # an overlong prompt is refused at once\n"
+             "            raise CacheFull(self.capacity)\n"
+             "        return self._advance(validate_tokens(tokens, self.model.vocab))\n"),),
+           "a prefill checks the free capacity before its tokens: full and invalid reports full", "session"),
+    # -- non-finite scores: a visible key's score must be finite (a -inf among finite scores weighs 0) --
+    Mutant("score_only_overflow_unchecked", "attention.py",
+           (("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),),
+           "no check of the scores: a row whose own score overflows to -inf beside finite ones is committed"),
+    # -- malformed inputs, one check at a time, in the documented order (dtype first) --
+    Mutant("float32_silently_cast", "attention.py",
+           (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:",
+             "if not isinstance(x, np.ndarray) or x.dtype not in (np.float64, np.float32):"),),
+           "accepts float32 rows (computing with them as if float64)"),
+    Mutant("list_input_accepted", "attention.py",
+           (("        self._validate_request(x, cache)\n        prepared",
+             "        if isinstance(x, list):\n            x = np.array(x)\n"
+             "        self._validate_request(x, cache)\n        prepared"),),
+           "converts a nested Python list to an array instead of rejecting it"),
+    Mutant("dtype_checked_late", "attention.py",
+           (("        _check_float_rows(x)\n        if x.shape[1] != 1:",
+             "        if np.ndim(x) != 3:\n            raise InputRankError(np.ndim(x))\n"
+             "        if np.shape(x)[1] != 1:"),
+            ("        if x.shape[0] != cache.batch_size:", "        if np.shape(x)[0] != cache.batch_size:"),
+            ("        if x.shape[2] != self.model_width:\n"
+             "            raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])\n"
+             "        cache.check_binding(self)\n",
+             "        if np.shape(x)[2] != self.model_width:\n"
+             "            raise InputWidthMismatch(expected=self.model_width, actual=np.shape(x)[2])\n"
+             "        _check_float_rows(x)\n        cache.check_binding(self)\n")),
+           "checks the dtype after rank, token count, batch and width: a float32 row of another width reports width"),
+    Mutant("write_then_raise_on_wrong_batch", "attention.py",
+           (("        if x.shape[0] != cache.batch_size:\n",
+             "        if x.shape[0] != cache.batch_size:\n"
+             "            row = np.zeros((cache.batch_size, cache.kv_heads, 1, cache.head_width))\n"
+             "            cache._commit(row, row)\n"),),
+           "declares no validation at all, and on a wrong batch writes a row before raising",
+           undeclared=("input_validation",)),
+    Mutant("read_only_input_rejected", "attention.py",
+           (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:",
+             "if not isinstance(x, np.ndarray) or x.dtype != np.float64 or not x.flags.writeable:"),),
+           "rejects a read-only float64 row, which is valid"),
 )
 
 
@@ -193,7 +258,12 @@ def build(mutant: Mutant, directory: Path) -> str:
         path.write_text(source)
         # Its own name: its own example database, and traces that say who failed.
         adapter = target / "conformance.py"
-        adapter.write_text(adapter.read_text().replace('"impl-reference"', f'"impl-mutant-{mutant.name}"'))
+        text = adapter.read_text().replace('"impl-reference"', f'"impl-mutant-{mutant.name}"')
+        for capability in mutant.undeclared:
+            if text.count(f'"{capability}", ') != 1:
+                raise AssertionError(f"mutant {mutant.name}: the reference does not declare {capability!r} once")
+            text = text.replace(f'"{capability}", ', "")
+        adapter.write_text(text)
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     importlib.invalidate_caches()

@@ -76,3 +76,23 @@ def test_an_unloadable_implementation_stops_the_run_with_a_usage_error() -> None
                             cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
     assert result.returncode == pytest.ExitCode.USAGE_ERROR
     assert "KVCACHE_IMPL" in result.stderr and "no.such.module" in result.stderr
+
+
+def test_the_no_rope_example_adapter_conforms_to_what_it_claims() -> None:
+    from examples.no_rope_adapter import make_adapter as no_rope_adapter
+
+    ci = settings(settings.get_profile("ci"), database=None)
+    run_state_machine_as_test(lambda: LayerCacheMachine(no_rope_adapter(), style="none", grouped=False),
+                              settings=ci)
+
+
+def test_a_no_rope_adapter_runs_every_property_that_applies() -> None:
+    """No property may crash for lack of a RoPE style: the RoPE families skip, the rest run and pass."""
+    environment = {**os.environ, "KVCACHE_IMPL": "examples.no_rope_adapter:make_adapter", "HYPOTHESIS_PROFILE": "ci"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "properties/test_precision.py",
+         "properties/test_layer_cache.py", "-k", "not conforms or none-mha"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "test_layer_cache_conforms[none-mha] PASSED" in result.stdout
+    assert "test_implementation_agrees_with_mpmath PASSED" in result.stdout

@@ -64,7 +64,7 @@ def test_rules_declare_what_they_need_and_disabled_rules_are_never_drawn() -> No
     from properties.runner import run_machine
 
     specs = LayerCacheMachine.specs()
-    assert specs["append_malformed_row"].requires == {"input_validation"}
+    assert specs["append_under_other_rope"].when is not None and not specs["reset"].requires
     assert specs["build_layer_and_cache"].kind == "initialize"
     drawn: set[str] = set()
 
