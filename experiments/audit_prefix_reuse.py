@@ -27,7 +27,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def expected_cut(case: dict) -> int:
-    """SPEC §5: same scope only; a window entry only when all of it matches and the query extends it;
+    """docs/spec.md §10.3: same scope only; a window entry only when all of it matches and the query extends it;
     the longest, newest on ties; never the whole query."""
     query, best = case["query"], 0
     for entry in reversed(case["stored"]):
