@@ -10,7 +10,7 @@ import pytest
 
 from experiments import audit_prefix_reuse, prefix_reuse
 
-# SPEC §5's table: condition -> (query length, cut, rows, full rows), for every seed and both conventions.
+# docs/spec.md §10.8's table: condition -> (query length, cut, rows, full rows), for every seed and both conventions.
 SEED_TABLE = {
     "append after the stored prefix": (12, 8, 24, 72),
     "first token edited": (12, 0, 72, 72),
