@@ -21,6 +21,10 @@
   positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
   (median, max, steps over 1), the ulp floor that would take, and error / the
   mixed-precision rule's tolerance, for outputs and cached keys.
+- first-failure: for each mutant, the wall time of ``pytest -x properties/``
+  (default profile, one process, its database emptied first) until it
+  stops at the first failure -- with the regression corpus (run first) and
+  with the machines alone (``-k "not test_trace_replays"``); median, worst.
 - traces: every trace of ``tests/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
@@ -133,6 +137,37 @@ def bench_mutants() -> None:
               f"{caught.shrunk_steps:5} {seconds:7.1f}  {caught.message[:90]}")
     print(f"killed {len(MUTANTS) - len(survivors)} of {len(MUTANTS)}"
           + (f"; survived: {survivors}" if survivors else ""))
+
+
+def bench_first_failure() -> None:
+    import shutil
+
+    from tests.mutants import MUTANTS, build
+
+    directory = Path(tempfile.mkdtemp())
+    print("time to first failure: pytest -x properties/ against each mutant (dev profile, -n 0)")
+    print(f"{'mutant':36} {'with corpus s':>13} {'machines only s':>15}")
+    times: dict[str, list[float]] = {"corpus": [], "machines": []}
+    for mutant in MUTANTS:
+        spec = build(mutant, directory)
+        row = []
+        for mode, extra in (("corpus", []), ("machines", ["-k", "not test_trace_replays"])):
+            shutil.rmtree(ROOT / ".hypothesis" / "implementations" / f"impl-mutant-{mutant.name}", ignore_errors=True)
+            environment = {**os.environ, "PYTHONPATH": str(directory), "HYPOTHESIS_PROFILE": "dev"}
+            start = time.perf_counter()
+            result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0",
+                                     f"--kv-impl={spec}", f"--kv-traces={directory / 'traces'}", *extra, "properties"],
+                                    cwd=ROOT, env=environment, capture_output=True, text=True, timeout=1800)
+            seconds = time.perf_counter() - start
+            if result.returncode != 1:  # 1: a test failed, as it must
+                seconds = float("nan")
+            times[mode].append(seconds)
+            row.append(seconds)
+        print(f"{mutant.name:36} {row[0]:13.1f} {row[1]:15.1f}")
+    for mode, values in times.items():
+        found = [v for v in values if v == v]
+        print(f"{mode}: median {statistics.median(found):.1f} s, worst {max(found):.1f} s, "
+              f"{len(values) - len(found)} not caught")
 
 
 def bench_tolerance() -> None:
@@ -288,7 +323,8 @@ def bench_store() -> None:
 
 
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
-           "mutants": bench_mutants, "tolerance": bench_tolerance, "mixed": bench_mixed, "traces": bench_traces}
+           "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
+           "mixed": bench_mixed, "traces": bench_traces}
 
 
 def main() -> None:
