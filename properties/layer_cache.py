@@ -21,7 +21,7 @@ from oracle import FLOAT64, AttentionTrace, AttentionWeights, NumberSystem, Rope
 
 from . import strategies as s
 from .layouts import layout_of, with_layout
-from .protocol import VALIDATIONS, CacheSnapshot, Capability, ErrorKind, KvCacheAdapter, LayerLimits, declared
+from .protocol import CLAIMED_BY, CacheSnapshot, Capability, ErrorKind, KvCacheAdapter, LayerLimits, declared
 from .tolerance import Judge, Reference
 from .trace import Draws, TracedMachine, initialize, invariant, rule
 from .verdict import (
@@ -34,15 +34,6 @@ from .verdict import (
     read_snapshot,
     same_state,
 )
-
-# Which declaration makes the suite judge the error kind of each check; without it the input is still fed,
-# and only what every implementation owes is judged: a call that raised changed nothing.
-CLAIMED_BY = {
-    **{kind: capability for capability, kind in VALIDATIONS.items()},
-    ErrorKind.GEOMETRY_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.LAYER_MISMATCH: Capability.BINDING_CHECKS,
-    ErrorKind.REVISION_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.ROPE_MISMATCH: Capability.BINDING_CHECKS,
-    ErrorKind.FULL: Capability.FIXED_CAPACITY, ErrorKind.NON_FINITE: Capability.NON_FINITE_REJECTION,
-}
 
 
 class LayerCacheMachine(TracedMachine):
@@ -63,7 +54,8 @@ class LayerCacheMachine(TracedMachine):
         return capability.value in self.capabilities
 
     def judged(self, kind: ErrorKind) -> bool:
-        """Whether the adapter claims the check that decides ``kind``."""
+        """Whether the adapter claims the check that decides ``kind``. Without the claim the input is still
+        fed, and only what every implementation owes is judged: a call that raised changed nothing."""
         return self.has(CLAIMED_BY[kind])
 
     # -- set-up and model ------------------------------------------------------------------------

@@ -19,9 +19,9 @@ import numpy as np
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
-__all__ = ["VALIDATIONS", "AttentionWeights", "BlockState", "CacheSnapshot", "Capability", "DecoderAdapter",
-           "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits", "RopeConfig", "StoreEntry",
-           "StoreResult", "declared"]
+__all__ = ["CLAIMED_BY", "VALIDATIONS", "AttentionWeights", "BlockState", "CacheSnapshot", "Capability",
+           "DecoderAdapter", "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits",
+           "RopeConfig", "StoreEntry", "StoreResult", "declared"]
 
 
 class ErrorKind(str, Enum):
@@ -93,6 +93,12 @@ VALIDATIONS = {  # each claimed validation and the error kind it decides
     Capability.VALIDATES_DTYPE: ErrorKind.DTYPE, Capability.VALIDATES_RANK: ErrorKind.RANK,
     Capability.VALIDATES_TOKEN_COUNT: ErrorKind.TOKEN_COUNT, Capability.VALIDATES_BATCH: ErrorKind.BATCH_MISMATCH,
     Capability.VALIDATES_WIDTH: ErrorKind.WIDTH_MISMATCH, Capability.VALIDATES_TOKENS: ErrorKind.INVALID_TOKENS,
+}
+CLAIMED_BY: dict[ErrorKind, Capability] = {  # the claim under which each error kind of a call is judged
+    **{kind: capability for capability, kind in VALIDATIONS.items()},
+    ErrorKind.GEOMETRY_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.LAYER_MISMATCH: Capability.BINDING_CHECKS,
+    ErrorKind.REVISION_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.ROPE_MISMATCH: Capability.BINDING_CHECKS,
+    ErrorKind.FULL: Capability.FIXED_CAPACITY, ErrorKind.NON_FINITE: Capability.NON_FINITE_REJECTION,
 }
 _IMPLIES = {
     Capability.INPUT_VALIDATION.value: {c.value for c in VALIDATIONS},

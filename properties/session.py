@@ -35,15 +35,10 @@ from oracle import (
 )
 
 from . import strategies as s
-from .protocol import BlockState, Capability, DecoderAdapter, ErrorKind, declared
+from .protocol import CLAIMED_BY, BlockState, DecoderAdapter, ErrorKind, declared
 from .tolerance import Judge, Reference
 from .trace import Draws, Tape, TracedMachine, initialize, invariant, rule
 from .verdict import Inputs, NonConformance, attempt, call, expect_rejection, expect_success
-
-# The capability that claims each check of a session step or a store call (input_validation implies
-# validates_tokens: the machines read capabilities through protocol.declared).
-CLAIMED_BY = {ErrorKind.INVALID_TOKENS: Capability.VALIDATES_TOKENS,
-              ErrorKind.REVISION_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.FULL: Capability.FIXED_CAPACITY}
 
 
 def raises(adapter: Any, capabilities: frozenset[str], tape: Tape, expected: ErrorKind, what: str,
