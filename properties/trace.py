@@ -47,6 +47,11 @@ class TraceError(ValueError):
     """A trace file is malformed, of another format version, or names something unknown."""
 
 
+class TraceEnded(Exception):
+    """Replay went past the last value recorded: the run stopped (failed) inside its last step, and the
+    implementation replayed got further. Everything recorded was replayed."""
+
+
 class NotApplicable(Exception):
     """A trace step cannot be replayed against this implementation (a capability it does not declare)."""
 
@@ -201,6 +206,7 @@ class Playback(Tape):
     def __init__(self, steps: list[dict[str, Any]], capabilities: frozenset[str]) -> None:
         super().__init__()
         self._recorded = iter(steps)
+        self._left = len(steps)  # steps not yet begun
         self._draws: Iterator[dict[str, Any]] = iter(())
         self.capabilities = capabilities
 
@@ -210,12 +216,15 @@ class Playback(Tape):
         if recorded is None or recorded["rule"] != rule:
             raise TraceError(f"replay ran rule {rule}, but the trace has {recorded and recorded['rule']}")
         self._draws = iter(recorded["draws"])
+        self._left -= 1
 
     def data(self, data: Any) -> Any:
         return self
 
     def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
         recorded = next(self._draws, None)
+        if recorded is None and self._left == 0:
+            raise TraceEnded(f"the recorded run stopped inside this step, before drawing {label!r}")
         if recorded is None or recorded["label"] != label:
             raise TraceError(f"the rule drew {label!r}, but the trace has "
                              f"{recorded['label'] if recorded else 'no further draw'!r} (the suite changed)")

@@ -138,3 +138,21 @@ def test_a_trace_from_another_suite_version_is_refused(tmp_path: Path) -> None:
     changed.write_text(json.dumps(document))
     with pytest.raises(trace.TraceError, match="format version 99"):
         trace.load(changed)
+
+
+def test_a_run_that_stopped_inside_its_last_step_replays_as_far_as_recorded() -> None:
+    """A failure inside a rule ends the recording there; an implementation that gets further has conformed on
+    everything recorded (running out of draws in an earlier step still means the suite changed)."""
+    path = next(p for p in CORPUS if "write_then_raise" in p.name)
+    document = trace.load(path)
+    last = document["steps"][-1]
+    assert last["draws"], "the trace's last step draws something"
+    cut = json.loads(json.dumps(document))
+    cut["steps"][-1]["draws"] = []  # as if the run had stopped before the step's first draw
+    verdict = replay.replay(cut, ReferenceAdapter(), out=lambda line: None)
+    assert verdict.conforms and "as far as recorded" in verdict.message
+    earlier = json.loads(json.dumps(document))
+    step = next(i for i, s in enumerate(earlier["steps"][:-1]) if s["draws"])
+    earlier["steps"][step]["draws"] = []
+    with pytest.raises(trace.TraceError, match="the suite changed"):
+        replay.replay(earlier, ReferenceAdapter(), out=lambda line: None)
