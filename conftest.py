@@ -109,14 +109,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # Quickest verdicts first, so that ``-x`` stops early: kept counterexamples replay in milliseconds, then the
-# short properties, then the machines (longest last under xdist's work stealing).
-_FIRST = ("test_regressions.py", "test_cache_creation.py", "test_precision.py", "test_prefix_store.py",
-          "test_session.py", "test_layer_cache.py")
+# short properties, then one layer family (where most layer bugs show), the decoder machines, the other families.
+_FIRST = ("test_regressions.py", "test_cache_creation.py", "test_precision.py", "[interleaved-mha]",
+          "test_prefix_store.py", "test_session.py", "test_layer_cache.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        return next((i for i, name in enumerate(_FIRST) if item.nodeid.split("::")[0].endswith(name)), len(_FIRST))
+        path = item.nodeid.split("::")[0]
+        return next((i for i, part in enumerate(_FIRST) if path.endswith(part) or item.nodeid.endswith(part)),
+                    len(_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file is kept
 
