@@ -242,6 +242,8 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int) -> Malfor
     what = f"float64 array of shape {shape}"
     if ErrorKind.DTYPE in kinds:
         form = draw(st.sampled_from(NOT_FLOAT64 + NOT_ARRAYS), label="not float64")
+        if form in ("list", "tuple") and values.ndim == 0:
+            form = "python float"  # a 0-d array's tolist() is a scalar
         if form in ("list", "tuple"):
             value = values.tolist() if form == "list" else _tuples(values.tolist())
         elif form == "python float":

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 
+from examples.minimal_adapter import MinimalAdapter, rotate
 from impl.cache import LayerKvCache
 from impl.conformance import ReferenceAdapter
 from properties import profiles
@@ -98,3 +100,39 @@ def test_the_tied_geometry_is_what_is_drawn() -> None:
     check()
     with pytest.raises(TypeError, match="unknown limit"):
         LayerLimits.of(type("Odd", (), {"layer_limits": {"max_head": 2}})())
+
+
+class UnrotatedKeys(MinimalAdapter):
+    """The minimal example's cache, but keeping keys as ``x @ Wk`` and rotating them when read (as caches that
+    re-rotate keys do): its snapshot shows unrotated keys, and it says so."""
+
+    name = "test-unrotated-keys"
+    capabilities = frozenset({"float64", "rope_interleaved", "keys_unrotated"})
+
+    def step(self, layer: Any, cache: Any, x: Any) -> Any:
+        w, heads, dh = layer.weights, layer.heads, layer.head_width
+        row = x[:, 0, :]
+        split = lambda y: y.reshape(row.shape[0], heads, dh)  # noqa: E731  [B, H, dh]
+        key, value = split(row @ w["wk"]), split(row @ w["wv"])
+        keys = np.stack([rotate(k, p, layer.rope) for p, k in enumerate([*cache.keys, key])], axis=2)  # on read
+        values = np.stack([*cache.values, value], axis=2)
+        query = rotate(split(row @ w["wq"]), len(cache.keys), layer.rope)
+        scores = np.einsum("bhd,bhtd->bht", query, keys) / np.sqrt(dh)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        output = np.einsum("bht,bhtd->bhd", weights, values).reshape(row.shape[0], heads * dh) @ w["wo"]
+        cache.keys.append(key)  # unrotated, and only once nothing above can fail
+        cache.values.append(value)
+        return output[:, None, :]
+
+
+class UnrotatedKeysUndeclared(UnrotatedKeys):
+    name = "test-unrotated-keys-undeclared"
+    capabilities = frozenset({"float64", "rope_interleaved"})
+
+
+def test_keys_cached_unrotated_conform_when_declared() -> None:
+    result = _run(UnrotatedKeys())
+    assert result.failure is None, result.failure
+    undeclared = _run(UnrotatedKeysUndeclared())
+    assert isinstance(undeclared.failure, NonConformance) and "cached logical keys" in str(undeclared.failure)

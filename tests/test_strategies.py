@@ -438,3 +438,76 @@ def test_invalid_token_sequences_are_all_invalid(vocab: int, data: st.DataObject
     assert not valid_tokens(sequence, vocab), what
     with pytest.raises(InvalidTokens):
         validate_tokens(sequence, vocab)
+
+
+# -- malformed rows, layouts, geometry limits ----------------------------------------------------------------
+
+def _problems_of(value: object, batch: int, width: int) -> list[str]:
+    """Every problem of a step input, found independently of the strategy, in the documented order."""
+    if not isinstance(value, np.ndarray) or value.dtype != np.float64:
+        found = ["dtype"]
+        if not isinstance(value, np.ndarray):
+            return found  # a list, tuple or scalar: no axes to speak of
+    else:
+        found = []
+    if value.ndim != 3:
+        return [*found, "rank"]
+    tokens, rows, columns = value.shape[1], value.shape[0], value.shape[2]
+    return found + (["token_count"] if tokens != 1 else []) + (["batch_mismatch"] if rows != batch else []) + (
+        ["width_mismatch"] if columns != width else [])
+
+
+@FAST
+@given(st.integers(1, s.MAX_BATCH), st.integers(1, s.MAX_MODEL_WIDTH), st.data())
+def test_malformed_rows_have_exactly_the_problems_they_name(batch: int, width: int, data: st.DataObject) -> None:
+    bad = data.draw(s.malformed_rows(batch, width))
+    assert bad.problems and list(bad.problems) == [k.value for k in s.INPUT_CHECKS if k.value in bad.problems]
+    if isinstance(bad.value, np.ndarray) or not isinstance(bad.value, (list, tuple)):
+        assert _problems_of(bad.value, batch, width) == list(bad.problems)
+    else:  # a nested list or tuple: rejected as not an ndarray, its shape as drawn
+        assert bad.problems[0] == "dtype" and _problems_of(np.asarray(bad.value), batch, width)[0:1] != ["dtype"]
+    assert bad.kind.value == bad.problems[0]
+    plain = bad.value.astype(float) if isinstance(bad.value, np.ndarray) and bad.value.dtype == object else bad.value
+    assert np.all(np.abs(np.asarray(plain, dtype=complex)) <= 1.0)  # in range: only the named problems matter
+
+
+def test_malformed_rows_reach_every_problem_and_combinations() -> None:
+    seen: set[tuple[str, ...]] = set()
+
+    @settings(max_examples=400, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(s.malformed_rows(2, 3))
+    def collect(bad: s.MalformedRow) -> None:
+        seen.add(bad.problems)
+
+    collect()
+    assert {p[0] for p in seen} == {k.value for k in s.INPUT_CHECKS}
+    assert any(len(p) >= 2 for p in seen)  # combined malformations, which pin the order
+
+
+@FAST
+@given(s.rows(2, 3), s.layouts())
+def test_layouts_are_valid_rows_laid_out_as_named(row: np.ndarray, layout: tuple[str, bool]) -> None:
+    from properties.layouts import layout_of, with_layout
+
+    laid = with_layout(row, *layout)
+    assert laid.dtype == np.float64 and laid.shape == row.shape and np.array_equal(laid, row)
+    assert laid.flags.writeable == layout[1]
+    if layout[0] == "strided":
+        assert not laid.flags.c_contiguous and not laid.flags.f_contiguous
+    assert layout_of(laid)[0] in (layout[0], "C")  # a size-1 axis can make F or strided arrays C-contiguous too
+
+
+@FAST
+@given(st.data())
+def test_layer_configs_stay_within_declared_limits(data: st.DataObject) -> None:
+    from properties.protocol import LayerLimits
+
+    limits = LayerLimits(model_width_is_heads_times_head_width=data.draw(st.booleans()),
+                         max_heads=data.draw(st.integers(2, 4)), max_head_width=data.draw(st.sampled_from([2, 4, 8])),
+                         max_batch=data.draw(st.integers(1, 3)), max_capacity=data.draw(st.integers(1, 8)))
+    config = data.draw(s.layer_configs(frozenset({"rope_interleaved", "gqa"}), limits=limits))
+    w = config.weights
+    assert w.heads <= limits.max_heads and w.head_width <= limits.max_head_width  # type: ignore[operator]
+    assert config.batch_size <= limits.max_batch and config.capacity <= limits.max_capacity  # type: ignore[operator]
+    if limits.model_width_is_heads_times_head_width:
+        assert w.model_width == w.heads * w.head_width
