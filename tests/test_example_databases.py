@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
@@ -19,6 +20,9 @@ from impl.conformance import ReferenceAdapter
 from properties import profiles
 from properties.runner import PropertyDatabase, database_prefix, property_settings, run_machine
 from properties.verdict import NonConformance
+
+# Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
+pytestmark = pytest.mark.slow
 
 FAILING: tuple[str, str, dict[str, Any]] = (
     "properties/test_layer_cache.py::test_layer_cache_conforms[interleaved-mha]", "layer_cache",

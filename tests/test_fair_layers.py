@@ -18,6 +18,9 @@ from properties import profiles
 from properties.runner import RunResult, run_machine
 from properties.verdict import NonConformance
 
+# Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
+pytestmark = pytest.mark.slow
+
 REFERENCE = ReferenceAdapter.capabilities
 
 

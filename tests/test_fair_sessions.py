@@ -20,6 +20,9 @@ from properties import profiles
 from properties.runner import run_machine
 from properties.verdict import NonConformance
 
+# Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
+pytestmark = pytest.mark.slow
+
 CI = profiles.settings_for("ci", database=None)
 FAILING = profiles.settings_for("ci", database=None, report_multiple_bugs=False, print_blob=False)
 VALIDATION = {"input_validation", "binding_checks", "fixed_capacity", "non_finite_rejection", "creation_errors"}

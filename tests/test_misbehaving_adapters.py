@@ -3,6 +3,7 @@ with a trace that replays to the same verdict -- never a crash of the run, never
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -16,13 +17,13 @@ from tests import misbehaving
 QUICK = profiles.settings_for("ci", max_examples=30, database=None, report_multiple_bugs=False)
 
 CASES = [
-    (misbehaving.MutatesItsInput, "modified its input x in place"),
-    (misbehaving.ReturnsTheWrongShape, "shape (1, 1), but should be (1, 1, 1)"),
-    (misbehaving.ReturnsTheWrongDtype, "dtype float32, but should be float64"),
-    (misbehaving.ReturnsAList, "expected a numpy array of shape (1, 1, 1), got list"),
-    (misbehaving.RaisesAnUnmappedError, "raised RuntimeError: internal error in the implementation -- an exception "
-                                        "the adapter does not map"),
-    (misbehaving.ErrorKindRaises, "and the adapter's error_kind raised KeyError"),
+    (misbehaving.MutatesItsInput, r"modified its input x in place"),
+    (misbehaving.ReturnsTheWrongShape, r"shape \(1, \d+\), but should be \(1, 1, \d+\)"),
+    (misbehaving.ReturnsTheWrongDtype, r"dtype float32, but should be float64"),
+    (misbehaving.ReturnsAList, r"expected a numpy array of shape \(1, 1, \d+\), got list"),
+    (misbehaving.RaisesAnUnmappedError, r"raised RuntimeError: internal error in the implementation -- an exception "
+                                        r"the adapter does not map"),
+    (misbehaving.ErrorKindRaises, r"and the adapter's error_kind raised KeyError"),
 ]
 
 
@@ -33,7 +34,7 @@ def test_misbehaviour_is_a_verdict_naming_the_step(adapter_class: type, verdict_
                          parameters={"style": "interleaved", "grouped": False})
     assert isinstance(result.failure, NonConformance), result.failure
     message = str(result.failure)
-    assert verdict_text in message
+    assert re.search(verdict_text, message), message
     assert message.startswith("append ")  # the step, by what it did: "append a row ...", "append through ..."
     assert result.steps <= 3, f"shrunk to {result.steps} steps"
     assert result.trace is not None and f"counterexample trace: {result.trace.name}" in message.replace(

@@ -57,6 +57,7 @@ def test_the_minimal_example_adapter_conforms_to_what_it_claims() -> None:
                               settings=ci)
 
 
+@pytest.mark.slow
 def test_the_suite_runs_a_third_party_adapter_under_xdist() -> None:
     """End to end, as a user runs it: the header names the implementation, absent capabilities skip."""
     environment = {**os.environ, "KVCACHE_IMPL": "examples.minimal_adapter:make_adapter", "HYPOTHESIS_PROFILE": "ci"}
@@ -86,6 +87,7 @@ def test_the_no_rope_example_adapter_conforms_to_what_it_claims() -> None:
                               settings=ci)
 
 
+@pytest.mark.slow
 def test_a_no_rope_adapter_runs_every_property_that_applies() -> None:
     """No property may crash for lack of a RoPE style: the RoPE families skip, the rest run and pass."""
     environment = {**os.environ, "KVCACHE_IMPL": "examples.no_rope_adapter:make_adapter", "HYPOTHESIS_PROFILE": "ci"}

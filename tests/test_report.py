@@ -14,6 +14,9 @@ import pytest
 from properties import trace
 from properties.report import OUTCOMES, ConformanceReport, causes
 
+# Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

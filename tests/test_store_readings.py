@@ -18,6 +18,9 @@ from properties import profiles
 from properties.prefix_store import Entry, acceptable_reuse, expected_reuse
 from properties.runner import run_machine
 
+# Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
+pytestmark = pytest.mark.slow
+
 
 def _entries(*token_lists: tuple[int, ...]) -> list[Entry]:
     return [Entry("app", "k", tokens, None, 0) for tokens in token_lists]  # type: ignore[arg-type]

@@ -79,6 +79,7 @@ def test_the_naive_baseline_rounds_every_operation_to_its_dtype() -> None:
     assert 0 < errors["float32"] < 1e-5 < errors["float16"] < errors["bfloat16"] < 0.5
 
 
+@pytest.mark.slow
 def test_an_honest_float32_implementation_passes() -> None:
     result = run_machine("layer_cache", Float32Adapter(), property_id="float32", parameters=MHA, settings=CI)
     assert result.failure is None, result.failure
@@ -86,12 +87,14 @@ def test_an_honest_float32_implementation_passes() -> None:
     assert 0 < error <= tolerance and "float32" in result.rule
 
 
+@pytest.mark.slow
 def test_float16_storage_in_a_float32_implementation_fails() -> None:
     result = run_machine("layer_cache", StoresKeysInFloat16(), property_id="f16 keys", parameters=MHA, settings=CI)
     assert isinstance(result.failure, NonConformance)
     assert "cached logical keys" in str(result.failure) and "exceeds tolerance" in str(result.failure)
 
 
+@pytest.mark.slow
 def test_float64_is_never_loosened_for_a_float32_computation() -> None:
     result = run_machine("layer_cache", Float32ClaimingFloat64(), property_id="claims float64", parameters=MHA,
                          settings=CI)
@@ -192,6 +195,7 @@ def test_the_oracle_runs_just_the_declared_components_in_their_dtype() -> None:
     assert 1e-10 < error(*logits) < 1e-5
 
 
+@pytest.mark.slow
 def test_a_declared_float32_rope_table_passes() -> None:
     result = run_declared(Float32RopeAdapter(), "float32 rope")
     assert result.failure is None, result.failure
@@ -199,12 +203,14 @@ def test_a_declared_float32_rope_table_passes() -> None:
     assert ABSOLUTE < error <= tolerance and "with rope in float32" in result.rule
 
 
+@pytest.mark.slow
 def test_the_same_table_undeclared_fails_at_1e_12() -> None:
     result = run_declared(Float32RopeUndeclared(), "float32 rope undeclared")
     assert isinstance(result.failure, NonConformance)
     assert "exceeds tolerance 1e-12" in str(result.failure)
 
 
+@pytest.mark.slow
 def test_a_declared_float32_softmax_passes() -> None:
     result = run_declared(Float32SoftmaxAdapter(), "float32 softmax")
     assert result.failure is None, result.failure
@@ -212,6 +218,7 @@ def test_a_declared_float32_softmax_passes() -> None:
     assert ABSOLUTE < error <= tolerance and "with softmax in float32" in result.rule
 
 
+@pytest.mark.slow
 def test_a_float16_rope_table_declared_float32_fails() -> None:
     with np.errstate(over="ignore"):  # float16 cannot hold bases above 65504: the table is wrong twice over
         result = run_declared(Float16RopeClaimingFloat32(), "float16 rope")
