@@ -58,7 +58,10 @@ def _interrupt(tmp_path: Path, workers: str, how: str) -> tuple[dict[str, Any], 
         [sys.executable, "-m", "pytest", "-p", "conftest", "-n", workers, "-p", "no:cacheprovider",
          str(tmp_path / "test_slow_module.py"), f"--kv-report={report}"],
         cwd=ROOT, env={**os.environ, "KV_STARTED": str(started)}, stdout=output, stderr=subprocess.STDOUT,
-        start_new_session=True)  # its own process group, as a terminal's foreground job
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        # An xdist worker (where this test may run) ignores SIGINT, and an ignored signal stays ignored across
+        # exec: give the run the terminal's default back, so Python installs its KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while len(list(started.iterdir())) < (2 if workers != "0" else 1):
