@@ -41,7 +41,7 @@ def test_misbehaviour_is_a_verdict_naming_the_step(adapter_class: type, verdict_
         str(result.trace.parent) + "/", "")
     replayed = replay.replay(trace.load(result.trace), adapter, out=lambda line: None)
     assert (replayed.status, replayed.step) == ("diverges", result.failing_step)
-    assert verdict_text in replayed.message
+    assert re.search(verdict_text, replayed.message), replayed.message
 
 
 def test_a_hanging_call_is_stopped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
