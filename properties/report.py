@@ -28,7 +28,8 @@ import pytest
 from hypothesis import settings
 
 from . import selection
-from .runner import environment_facts, implementation_facts, kind_of_message
+from .provenance import environment_facts, implementation_facts
+from .runner import kind_of_message
 from .tolerance import Judge
 
 REPORT_FORMAT = "kvcache-conformance-report"

@@ -9,31 +9,23 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
 import re
-import subprocess
-from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import hypothesis
-import numpy as np
 from hypothesis import settings as Settings
-from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from oracle import FLOAT64, NumberSystem
 
 from . import trace
+from .databases import property_settings
 from .layer_cache import LayerCacheMachine
 from .prefix_store import PrefixStoreMachine
-from .protocol import KvCacheAdapter, LayerLimits, declared
+from .protocol import KvCacheAdapter, declared
+from .provenance import environment_facts, implementation_facts
 from .session import SessionMachine
 from .tolerance import closer_to_failing
 from .verdict import AdapterHung, NonConformance
@@ -42,7 +34,6 @@ from .verdict import AdapterHung, NonConformance
 MACHINES: dict[str, type[trace.TracedMachine]] = {
     "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
 }
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -114,77 +105,6 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     return result
 
 
-class PropertyDatabase(ExampleDatabase):
-    """One property's share of an implementation's example database: every key prefixed with its own digest.
-
-    Hypothesis keys a state machine's examples by a digest of the factory it is
-    handed, and ``run_machine`` hands it the same ``build`` every time: without
-    this, all machine properties of an implementation shared one key, so a
-    failure saved by the store machine was replayed by the layer machine, passed
-    there and was deleted. The prefix is a digest of (implementation, property
-    id, parameters, rules left out); the last because a choice sequence means
-    another program once a rule is no longer drawn.
-
-    A key prefix rather than a directory per property: it wraps whatever
-    database the profile or the caller's settings hold (a directory, a
-    ``MultiplexedDatabase`` sharing CI's examples, a ``ReadOnlyDatabase``), and
-    ``.hypothesis/implementations/<name>`` stays one Hypothesis database.
-    """
-
-    def __init__(self, database: ExampleDatabase, prefix: bytes) -> None:
-        super().__init__()
-        self.database, self.prefix = database, prefix
-
-    def __repr__(self) -> str:
-        return f"PropertyDatabase({self.database!r}, {self.prefix!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PropertyDatabase) and (self.database, self.prefix) == (other.database, other.prefix)
-
-    def __hash__(self) -> int:
-        return hash(self.prefix)
-
-    def save(self, key: bytes, value: bytes) -> None:
-        self.database.save(self.prefix + key, value)
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        return self.database.fetch(self.prefix + key)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.database.delete(self.prefix + key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.database.move(self.prefix + src, self.prefix + dest, value)
-
-    def _start_listening(self) -> None:
-        self.database.add_listener(self._forward)
-
-    def _stop_listening(self) -> None:
-        self.database.remove_listener(self._forward)
-
-    def _forward(self, event: tuple[str, tuple[bytes, bytes | None]]) -> None:
-        what, (key, value) = event
-        if key.startswith(self.prefix):
-            self._broadcast_change((what, (key[len(self.prefix):], value)))  # type: ignore[arg-type]
-
-
-def database_prefix(implementation: str, property_id: str, parameters: dict[str, Any],
-                    disabled_rules: Iterable[str] = ()) -> bytes:
-    """The key prefix of one property's examples (``PropertyDatabase``)."""
-    identity = json.dumps([implementation, property_id, {k: trace.encode(v) for k, v in parameters.items()},
-                           sorted(disabled_rules)], sort_keys=True)
-    return b"kvcache-property:" + hashlib.sha256(identity.encode()).hexdigest()[:20].encode() + b":"
-
-
-def property_settings(settings: Settings, *, implementation: str, property_id: str, parameters: dict[str, Any],
-                      disabled_rules: Iterable[str] = ()) -> Settings:
-    """``settings`` with the database narrowed to this property's keys (unchanged without a database)."""
-    if settings.database is None:
-        return settings
-    prefix = database_prefix(implementation, property_id, parameters, disabled_rules)
-    return Settings(settings, database=PropertyDatabase(settings.database, prefix))
-
-
 def _keep_worst(result: RunResult, machine: Any) -> None:
     result.worst = closer_to_failing(machine.judge.worst, result.worst)
 
@@ -218,36 +138,6 @@ def _point_to(failure: BaseException, path: Path) -> None:
     elif hasattr(failure, "add_note"):
         failure.add_note(pointer.strip())
 
-
-def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
-    return {"implementation": str(adapter.name), "implementation_version": str(adapter.version),
-            "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
-            "capabilities": sorted(adapter.capabilities), "layer_limits": LayerLimits.of(adapter).described()}
-
-
-@cache
-def environment_facts() -> dict[str, Any]:
-    return {"suite_version": suite_version(), "suite_commit": suite_commit(), "python": platform.python_version(),
-            "numpy": np.__version__, "hypothesis": hypothesis.__version__}
-
-
-def suite_version() -> str:
-    try:
-        return metadata.version("kvcache-conformance")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def suite_commit() -> str | None:
-    """The git commit of the suite's checkout, with ``+dirty`` if it has local changes; None outside git."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-    try:
-        commit = git("rev-parse", "HEAD")
-        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 class PropertyRun:
     """A property test's handle on the suite: the adapter, skipping, and running a machine.

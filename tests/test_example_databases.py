@@ -1,7 +1,7 @@
 """Each machine property keeps its own examples in its implementation's database.
 
 Hypothesis keys a state machine's examples by the factory it runs, the same
-for every property here; ``runner.PropertyDatabase`` prefixes the keys with a
+for every property here; ``databases.PropertyDatabase`` prefixes the keys with a
 digest of (implementation, property, parameters, rules left out). Without
 it, the other properties replayed a saved failure, passed it and deleted it.
 """
@@ -18,7 +18,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDa
 
 from impl.conformance import ReferenceAdapter
 from properties import profiles
-from properties.runner import PropertyDatabase, database_prefix, property_settings, run_machine
+from properties.databases import PropertyDatabase, database_prefix, property_settings
+from properties.runner import run_machine
 from properties.verdict import NonConformance
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
