@@ -81,7 +81,6 @@ class LayerCacheMachine(TracedMachine):
         self.rows: list[np.ndarray] = []  # [B, D] each, since creation or reset
         self.trace: Reference[AttentionTrace] | None = None  # oracle of self.rows, computed on demand
         self.stale = False  # parameters written in place since this cache was built
-        self.replaced = 0  # caches replaced after accepting an input the adapter does not claim to reject
         self.peaked = False  # holds a peaked row: valid appends would leave the documented range
 
     def _oracle(self, rows: list[np.ndarray], rope: RopeConfig | None = None) -> Reference[AttentionTrace]:
@@ -138,7 +137,6 @@ class LayerCacheMachine(TracedMachine):
             expect_rejection(outcome, expected, what)
         elif outcome.error is None:  # accepted what it does not claim to reject: nothing to judge
             if cache is self.cache:
-                self.replaced += 1
                 self._new_cache()
             return None
         same_state(before, self._snapshot(cache, what), what,
