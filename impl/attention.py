@@ -100,20 +100,31 @@ class AttentionLayer:
         """
         self._validate_request(x, cache)
         prepared = self.prepare(x, cache)
-        cache._commit(prepared.keys, prepared.values)
+        cache.commit(prepared.keys, prepared.values)
         return prepared.output
 
-    def _validate_request(self, x: np.ndarray, cache: LayerKvCache) -> None:
+    def forward_chunk(self, x: np.ndarray, cache: LayerKvCache) -> np.ndarray:
+        """Attend ``T >= 1`` new rows ``x [B, T, D]`` causally over the cache and each other; append all T.
+
+        Returns ``[B, T, D]``. A chunk that does not fit raises ``CacheFull``
+        before anything is written, as does any other rejection.
+        """
+        self._validate_request(x, cache, chunk=True)
+        prepared = self.prepare(x, cache)
+        cache.commit(prepared.keys, prepared.values)
+        return prepared.output
+
+    def _validate_request(self, x: np.ndarray, cache: LayerKvCache, *, chunk: bool = False) -> None:
         """Dtype, rank, token count, batch, width, binding, free capacity -- in that order."""
         _check_float_rows(x)
-        if x.shape[1] != 1:
+        if x.shape[1] < 1 or (x.shape[1] != 1 and not chunk):
             raise TokenCountError(x.shape[1])
         if x.shape[0] != cache.batch_size:
             raise InputBatchMismatch(cache=cache.batch_size, input=x.shape[0])
         if x.shape[2] != self.model_width:
             raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
         cache.check_binding(self)
-        if cache.is_full:
+        if cache.length + x.shape[1] > cache.capacity:
             raise CacheFull(cache.capacity)
 
     def prepare(self, x: np.ndarray, cache: LayerKvCache) -> PreparedRows:
@@ -134,7 +145,7 @@ class AttentionLayer:
             _require_finite(NonFiniteKeyValue, "projected key", key)
             _require_finite(NonFiniteKeyValue, "projected value", value)
             _require_finite(NonFiniteAttention, "rotated query", query)
-            stored_keys, stored_values, stored_positions = cache._prefix()  # [B, KV, n, dh], [n]
+            stored_keys, stored_values, stored_positions = cache.held_rows()  # [B, KV, n, dh], [n]
             mixed = _attend(query, key, value, positions, stored_keys, stored_values, stored_positions,
                             window=cache.window)  # [B, T, H*dh]
             output = mixed @ self.wo.value  # [B, T, D]

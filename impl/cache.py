@@ -4,12 +4,15 @@ Physical buffers ``[B, KV, C, dh]`` are allocated once; the logical prefix is
 the first ``length`` positions. The cache remembers which parameter objects
 (identity) at which value versions, and which exact RoPE configuration, its
 rows were computed with; ``reset`` empties the prefix and refreshes none of it.
-Rows are written only by ``AttentionLayer.forward_incremental`` after it has
-computed and checked the whole step.
+Rows are written only by ``commit``, which a layer's step (or a session) calls
+after it has computed and checked the whole step; ``truncate``, ``reorder``
+and ``fork`` are the other operations of docs/spec.md §13.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,12 +29,16 @@ from .errors import (
     CapacityExceedsPositions,
     ElementCountOverflow,
     InvalidCacheArgument,
+    InvalidIndices,
+    InvalidLength,
+    RowsEvicted,
     ZeroBatchSize,
     ZeroCapacity,
 )
 
 if TYPE_CHECKING:
     from .attention import AttentionLayer
+    from .storage import StorageRule
 
 _MAX_BYTES = int(np.iinfo(np.intp).max)
 
@@ -46,7 +53,8 @@ class LayerKvCache:
     ``min(capacity, W)`` slots: the cache keeps the last W rows.
     """
 
-    def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None) -> None:
+    def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
+                 storage: StorageRule | None = None) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
@@ -68,9 +76,16 @@ class LayerKvCache:
             self._values = np.zeros(shape)
         except MemoryError:
             raise AllocationFailed(elements) from None
+        # With a storage rule the buffers hold the rows as stored (rounded); the exact rows are kept beside
+        # them, so that a recomputed scale re-rounds from them rather than from rounded values.
+        self.storage = storage
+        self._exact_keys = np.zeros(shape) if storage else self._keys
+        self._exact_values = np.zeros(shape) if storage else self._values
+        self._scales: tuple[np.ndarray, np.ndarray] | None = None  # a frozen scale, set by the first update
         self._positions = np.zeros(slots, dtype=np.int64)  # absolute position of each slot's row
         self._length = 0  # rows appended
         self._next_position = 0  # absolute position of the next row
+        self._first_held = 0  # index of the oldest row still held (a window evicts; truncation cannot undo it)
         self.batch_size, self.capacity, self.window, self.slots = batch_size, capacity, window, slots
         self.model_width, self.heads = layer.model_width, layer.heads
         self.kv_heads, self.head_width = layer.kv_heads, layer.head_width
@@ -96,7 +111,7 @@ class LayerKvCache:
 
     def _held_slots(self) -> np.ndarray:
         """Slots of the rows held, oldest first."""
-        return np.arange(max(0, self._length - self.slots), self._length) % self.slots
+        return np.arange(self._first_held, self._length) % self.slots
 
     def positions(self) -> np.ndarray:
         """Absolute positions of the rows held, oldest first."""
@@ -131,7 +146,53 @@ class LayerKvCache:
         if zero_storage:
             self._keys.fill(0.0)
             self._values.fill(0.0)
-        self._length = self._next_position = 0
+        self._length = self._next_position = self._first_held = 0
+        self._scales = None
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` rows; the next row is appended at the position after them.
+
+        ``length`` must be an int in ``[0, self.length]`` (``self.length``: a no-op).
+        With a window, the rows the next row will see must still be held:
+        truncation never brings an evicted row back. Nothing changes on a rejection.
+        """
+        if not isinstance(length, (int, np.integer)) or isinstance(length, (bool, np.bool_)) \
+                or not 0 <= length <= self._length:
+            raise InvalidLength(length, self._length)
+        length = int(length)
+        if self.window is not None:
+            needed = max(0, length - self.window + 1)  # the oldest row a query at the new end sees
+            if needed < length and self._first_held > needed:
+                oldest = self._next_position - self._length + self._first_held
+                raise RowsEvicted(length, self._next_position - self._length + needed, oldest)
+        self._next_position -= self._length - length
+        self._length = length
+        self._first_held = min(self._first_held, length)
+        self._store(recompute=True)
+
+    def reorder(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Batch row ``b`` becomes the old row ``indices[b]``, in place, along the batch axis only.
+
+        ``indices``: one int per batch row, each in ``[0, batch_size)``; repeats
+        and drops allowed. Nothing changes on a rejection.
+        """
+        gather = _batch_indices(indices, self.batch_size)
+        self._keys[...] = self._keys[gather]  # fancy indexing copies first: in-place is safe
+        self._values[...] = self._values[gather]
+        if self.storage is not None:
+            self._exact_keys[...] = self._exact_keys[gather]
+            self._exact_values[...] = self._exact_values[gather]
+            self._store(recompute=True)
+
+    def fork(self) -> LayerKvCache:
+        """An independent copy: the same bindings (layer, parameter versions, RoPE), copies of every row."""
+        twin = copy.copy(self)
+        twin._keys, twin._values, twin._positions = self._keys.copy(), self._values.copy(), self._positions.copy()
+        if self.storage is not None:
+            twin._exact_keys, twin._exact_values = self._exact_keys.copy(), self._exact_values.copy()
+        else:
+            twin._exact_keys, twin._exact_values = twin._keys, twin._values
+        return twin
 
     def check_binding(self, layer: AttentionLayer) -> None:
         """Raise unless this cache was built for exactly this layer, as it is now."""
@@ -152,40 +213,89 @@ class LayerKvCache:
         if not self._rope.same_as(layer.rope):
             raise CacheRopeMismatch(cache=self._rope, layer=layer.rope)
 
-    def _prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The held keys and values ``[B, KV, n, dh]`` and their positions ``[n]``.
+    def held_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The held keys and values ``[B, KV, n, dh]`` and their positions ``[n]``, oldest first.
 
-        Views (no copies) until a sliding window wraps around; then a gather of
-        at most W rows.
+        Read-only views (no copies) while the held rows are contiguous in the
+        buffers; a gather of at most ``slots`` rows once a window wraps around.
+        For layers computing a step; ``keys()``/``values()`` return copies.
         """
-        if self._length <= self.slots:
+        if self._first_held == 0 and self._length <= self.slots:
             held = slice(0, self._length)
-            return self._keys[:, :, held], self._values[:, :, held], self._positions[held]
+            return (_read_only(self._keys[:, :, held]), _read_only(self._values[:, :, held]),
+                    _read_only(self._positions[held]))
         slots = self._held_slots()
         return self._keys[:, :, slots], self._values[:, :, slots], self._positions[slots]
 
-    def _commit(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Append fully checked rows ``[B, KV, T, dh]`` at positions ``next_position ..``."""
+    def commit(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Append computed rows ``[B, KV, T, dh]`` at positions ``next_position ..``.
+
+        The caller (a layer's step, a session) has checked the binding, the free
+        capacity and every value: this only writes. A chunk longer than the
+        window keeps its last rows.
+        """
         tokens = keys.shape[2]
-        kept = min(tokens, self.slots)  # a chunk longer than the window keeps its last rows only
+        kept = min(tokens, self.slots)
         slots = np.arange(self._length + tokens - kept, self._length + tokens) % self.slots
-        self._keys[:, :, slots] = keys[:, :, tokens - kept:]
-        self._values[:, :, slots] = values[:, :, tokens - kept:]
+        self._exact_keys[:, :, slots] = keys[:, :, tokens - kept:]
+        self._exact_values[:, :, slots] = values[:, :, tokens - kept:]
         self._positions[slots] = np.arange(self._next_position + tokens - kept, self._next_position + tokens)
         self._length += tokens
         self._next_position += tokens
+        self._first_held = max(self._first_held, self._length - self.slots)
+        if self.storage is not None:
+            if self.storage.update == "frozen" and self._scales is None:
+                self._scales = (self.storage.scale_for(keys), self.storage.scale_for(values))
+            self._store(recompute=self.storage.update == "recomputed", slots=slots)
 
-    def _restore(self, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, next_position: int) -> None:
+    def _store(self, *, recompute: bool, slots: np.ndarray | None = None) -> None:
+        """Round exact rows into the buffers: ``slots`` at a frozen or fixed scale, or with a recomputed
+        scale every held row (its scale may have changed)."""
+        storage = self.storage
+        if storage is None or (not recompute and slots is None):
+            return
+        if recompute and storage.update == "recomputed":
+            slots = self._held_slots()
+            held_keys, held_values = self._exact_keys[:, :, slots], self._exact_values[:, :, slots]
+            scales = (storage.scale_for(held_keys), storage.scale_for(held_values))
+        elif slots is None:
+            return  # a frozen or fixed scale: the stored rows stay as they are
+        else:
+            scales = self._scales if self._scales is not None else (np.ones((1, 1, 1, 1)),) * 2
+        self._keys[:, :, slots] = storage.round(self._exact_keys[:, :, slots], scales[0])
+        self._values[:, :, slots] = storage.round(self._exact_values[:, :, slots], scales[1])
+
+    def load_rows(self, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, next_position: int) -> None:
         """Replace the whole state: rows ``[B, KV, n, dh]`` at ``positions``, then ``next_position``.
 
         For the prefix store, which rebuilds a cache from an entry's copies.
         The caller guarantees ``n <= slots`` and ``n <= capacity``.
         """
         count = keys.shape[2]
-        self._keys[:, :, :count] = keys
-        self._values[:, :, :count] = values
+        self._keys[:, :, :count] = self._exact_keys[:, :, :count] = keys
+        self._values[:, :, :count] = self._exact_values[:, :, :count] = values
         self._positions[:count] = positions
-        self._length, self._next_position = count, next_position
+        self._length, self._next_position, self._first_held = count, next_position, 0
+
+
+def _batch_indices(indices: object, batch_size: int) -> np.ndarray:
+    """``indices`` as an int64 array of ``batch_size`` entries in ``[0, batch_size)``, or ``InvalidIndices``."""
+    if isinstance(indices, np.ndarray):
+        if indices.dtype.kind not in "iu":
+            raise InvalidIndices(f"indices of dtype {indices.dtype}, not integers")
+        array = indices
+    elif isinstance(indices, (list, tuple)):
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in indices):
+            raise InvalidIndices(f"{indices!r} holds something other than ints")
+        array = np.asarray(indices, dtype=np.int64).reshape(len(indices))
+    else:
+        raise InvalidIndices(f"a {type(indices).__name__}, not a sequence of ints")
+    if array.shape != (batch_size,):
+        raise InvalidIndices(f"shape {array.shape}, but the batch has {batch_size} rows")
+    if array.size and (array.min() < 0 or array.max() >= batch_size):
+        raise InvalidIndices(f"{array.tolist()} has an index outside [0, {batch_size})")
+    gather: np.ndarray = array.astype(np.int64)
+    return gather
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -174,5 +174,5 @@ class DecodeSession:
         if not np.isfinite(logits).all():
             raise NonFiniteAttention("logits", int(np.argmin(np.isfinite(logits).ravel())), float("nan"))
         for cache, rows in zip(self.caches, prepared):  # nothing below can fail
-            cache._commit(rows.keys, rows.values)
+            cache.commit(rows.keys, rows.values)
         return logits

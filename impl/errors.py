@@ -93,8 +93,8 @@ class InputRankError(KvCacheError):
 class TokenCountError(KvCacheError):
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
-        super().__init__(f"incremental attention needs exactly one new token, got {tokens}; "
-                         "feed a prompt one row at a time")
+        super().__init__(f"a step takes exactly one new token and a chunk at least one, got {tokens}; "
+                         "feed a prompt one row at a time, or as a chunk")
 
 
 class InputBatchMismatch(KvCacheError):
@@ -200,3 +200,25 @@ class NonFiniteKeyValue(NonFiniteError):
 
 class NonFiniteAttention(NonFiniteError):
     """The query, the scores or the output overflowed."""
+
+
+# -- cache operations: truncate, reorder --------------------------------------------------------------
+
+class InvalidLength(KvCacheError):
+    def __init__(self, value: object, length: int) -> None:
+        self.value, self.length = value, length
+        super().__init__(f"truncate: the length to keep must be an int in [0, {length}] (the current length), "
+                         f"got {value!r}")
+
+
+class RowsEvicted(KvCacheError):
+    def __init__(self, length: int, needed: int, oldest: int) -> None:
+        self.length, self.needed, self.oldest = length, needed, oldest
+        super().__init__(f"truncate to {length}: the next row would attend to position {needed}, but the sliding "
+                         f"window keeps rows from position {oldest} only; evicted rows cannot come back")
+
+
+class InvalidIndices(KvCacheError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"reorder: {problem}; pass one int index in [0, batch size) per batch row")

@@ -138,7 +138,7 @@ def _continue(model: Decoder, tokens: np.ndarray, entry: CachedPrefill | None, c
     if entry is not None and cut > 0:
         for cache, rows in zip(session.caches, entry.blocks):
             keep = rows.positions < cut
-            cache._restore(rows.keys[None, :, keep].copy(), rows.values[None, :, keep].copy(),
+            cache.load_rows(rows.keys[None, :, keep].copy(), rows.values[None, :, keep].copy(),
                            rows.positions[keep].copy(), next_position)
     logits = session.prefill([int(t) for t in tokens[cut:]])
     blocks = tuple(BlockRows(cache.keys()[0], cache.values()[0], cache.positions()) for cache in session.caches)

@@ -25,10 +25,13 @@ from .numbers import (
     mpmath_precision,
     numpy_precision,
 )
+from .storage import FLOAT_FORMATS, INTEGER_FORMATS, StorageFormat
 
 __all__ = [
     "COMPONENTS",
     "FLOAT64",
+    "FLOAT_FORMATS",
+    "INTEGER_FORMATS",
     "LOW_PRECISIONS",
     "PRESETS",
     "ROPE_STYLES",
@@ -43,6 +46,7 @@ __all__ = [
     "PositionConvention",
     "RopeConfig",
     "RopeStyle",
+    "StorageFormat",
     "causal_attention",
     "full_decoder",
     "full_prefix_attention",

@@ -9,7 +9,7 @@ cache's contents can be checked as well as its outputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from .config import AttentionWeights, OracleInputError, RopeConfig
 from .numbers import FLOAT64, NumberSystem
 
 Vector = list[Any]  # a list of scalars of one number system
+Storage = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # held keys, values -> as stored
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,9 +104,8 @@ def causal_attention(rows: list[Vector], weights: AttentionWeights, rope: RopeCo
     """
     if window is not None and window < 1:
         raise OracleInputError(f"window must be >= 1, got {window}")
-    heads, kv_heads, dh = weights.heads, weights.kv_heads, weights.head_width
+    kv_heads, dh = weights.kv_heads, weights.head_width
     wq, wk, wv, wo = (_matrix(w, numbers) for w in (weights.wq, weights.wk, weights.wv, weights.wo))
-    scale = numbers.sqrt(numbers.number(float(dh)))
     tokens = len(rows)
     q_rows = [project(row, wq) for row in rows]  # [T][H*dh]
     k_rows = [project(row, wk) for row in rows]  # [T][KV*dh]
@@ -114,20 +114,29 @@ def causal_attention(rows: list[Vector], weights: AttentionWeights, rope: RopeCo
     keys = [[rope_rotate(_head(k_rows[t], g, dh), t, rope, numbers) for t in range(tokens)]
             for g in range(kv_heads)]
     values = [[_head(v_rows[t], g, dh) for t in range(tokens)] for g in range(kv_heads)]
-    outputs = []
-    for i in range(tokens):
-        first = 0 if window is None else max(0, i - window + 1)
-        merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
-        for h in range(heads):
-            g = h // weights.group_size  # the kv head this query head reads
-            q = rope_rotate(_head(q_rows[i], h, dh), i, rope, numbers)
-            scores = [_dot(q, keys[g][j]) / scale for j in range(first, i + 1)]
-            attention = softmax(scores, numbers)
-            for f in range(dh):
-                merged.append(sum((a * values[g][j][f] for a, j in zip(attention, range(first, i + 1))),
-                                  start=attention[0] * 0))
-        outputs.append(project(merged, wo))
+    outputs = [attend_position(i, q_rows[i], keys, values, weights, rope, window, numbers, wo)
+               for i in range(tokens)]
     return ExactAttention(outputs=outputs, keys=keys, values=values)
+
+
+def attend_position(i: int, q_row: Vector, keys: list[list[Vector]], values: list[list[Vector]],
+                    weights: AttentionWeights, rope: RopeConfig, window: int | None, numbers: NumberSystem,
+                    wo: list[Vector]) -> Vector:
+    """The output ``[D]`` at position ``i`` of the query row ``q_row [H*dh]`` (unrotated) over ``keys``
+    (rotated) and ``values`` ``[KV][>i][dh]``."""
+    heads, dh = weights.heads, weights.head_width
+    scale = numbers.sqrt(numbers.number(float(dh)))
+    first = 0 if window is None else max(0, i - window + 1)
+    merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
+    for h in range(heads):
+        g = h // weights.group_size  # the kv head this query head reads
+        q = rope_rotate(_head(q_row, h, dh), i, rope, numbers)
+        scores = [_dot(q, keys[g][j]) / scale for j in range(first, i + 1)]
+        attention = softmax(scores, numbers)
+        for f in range(dh):
+            merged.append(sum((a * values[g][j][f] for a, j in zip(attention, range(first, i + 1))),
+                              start=attention[0] * 0))
+    return project(merged, wo)
 
 
 def full_prefix_attention(
@@ -137,8 +146,14 @@ def full_prefix_attention(
     *,
     window: int | None = None,
     numbers: NumberSystem = FLOAT64,
+    storage: Storage | None = None,
 ) -> AttentionTrace:
-    """``causal_attention`` for every sequence of a float64 batch ``x [B, T, D]``, rounded to float64."""
+    """``causal_attention`` for every sequence of a float64 batch ``x [B, T, D]``, rounded to float64.
+
+    ``storage``: what a low-precision cache stores of the held keys and values ``[B, KV, t, dh]`` (float64
+    arrays in, float64 arrays out, ``oracle.storage``); each position's output is then computed over what
+    is stored of the rows held at that point. ``keys`` and ``values`` are returned as stored.
+    """
     if not isinstance(x, np.ndarray) or x.dtype != np.float64 or x.ndim != 3:
         raise OracleInputError("x must be a float64 array of shape [B, T, D]")
     if x.shape[2] != weights.model_width:
@@ -153,7 +168,19 @@ def full_prefix_attention(
         outputs[b] = _rounded(exact.outputs, numbers)
         keys[b] = [_rounded(head, numbers) for head in exact.keys]
         values[b] = [_rounded(head, numbers) for head in exact.values]
-    return AttentionTrace(outputs=outputs, keys=keys, values=values)
+    if storage is None:
+        return AttentionTrace(outputs=outputs, keys=keys, values=values)
+    wq, wo = _matrix(weights.wq, numbers), _matrix(weights.wo, numbers)
+    for i in range(tokens):  # position i reads what is stored of rows 0..i once row i is in
+        stored_keys, stored_values = storage(keys[:, :, :i + 1], values[:, :, :i + 1])
+        for b in range(batch):
+            q_row = project([numbers.number(float(v)) for v in x[b, i]], wq)
+            seen_keys = [[[numbers.number(float(v)) for v in row] for row in head] for head in stored_keys[b]]
+            seen_values = [[[numbers.number(float(v)) for v in row] for row in head] for head in stored_values[b]]
+            outputs[b, i] = [numbers.to_float(v) for v in attend_position(
+                i, q_row, seen_keys, seen_values, weights, rope, window, numbers, wo)]
+    stored_keys, stored_values = storage(keys, values)
+    return AttentionTrace(outputs=outputs, keys=stored_keys, values=stored_values)
 
 
 def _convert(values: Vector, source: NumberSystem, target: NumberSystem) -> Vector:

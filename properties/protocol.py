@@ -19,9 +19,9 @@ import numpy as np
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
-__all__ = ["CLAIMED_BY", "VALIDATIONS", "AttentionWeights", "BlockState", "CacheSnapshot", "Capability",
-           "DecoderAdapter", "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits",
-           "RopeConfig", "StoreEntry", "StoreResult", "declared"]
+__all__ = ["CLAIMED_BY", "VALIDATIONS", "AttentionWeights", "BlockState", "CacheOperations", "CacheSnapshot",
+           "Capability", "DecoderAdapter", "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter",
+           "LayerLimits", "RopeConfig", "StoreEntry", "StoreResult", "declared"]
 
 
 class ErrorKind(str, Enum):
@@ -51,6 +51,10 @@ class ErrorKind(str, Enum):
     CAPACITY_EXCEEDS_POSITIONS = "capacity_exceeds_positions"
     ELEMENT_COUNT_OVERFLOW = "element_count_overflow"  # more bytes than an array can index
     ALLOCATION_FAILED = "allocation_failed"  # addressable, but the memory cannot be had
+    # cache operations (docs/spec.md §13)
+    INVALID_LENGTH = "invalid_length"  # truncate(n): n not an int (a bool is not), negative, or above the length
+    EVICTED = "evicted"  # truncate(n) of a window cache needs rows it no longer holds
+    INVALID_INDICES = "invalid_indices"  # reorder: not B int indices, each in [0, B)
 
 
 class Capability(str, Enum):
@@ -64,7 +68,7 @@ class Capability(str, Enum):
     VALIDATES_BATCH = "validates_batch"  # rejects an input batch other than the cache's
     VALIDATES_WIDTH = "validates_width"  # rejects an input width other than the model's
     VALIDATES_TOKENS = "validates_tokens"  # rejects invalid token sequences (sessions, stores)
-    INPUT_VALIDATION = "input_validation"  # shorthand: all six above
+    INPUT_VALIDATION = "input_validation"  # shorthand: all six above (not validates_length / _indices)
     NON_FINITE_REJECTION = "non_finite_rejection"  # rejects inf/NaN inputs and overflowing steps
     BINDING_CHECKS = "binding_checks"  # rejects other geometry, identity, revision, RoPE; stale sessions
     FIXED_CAPACITY = "fixed_capacity"  # preallocated capacity; a full cache (or session) rejects with FULL
@@ -81,6 +85,14 @@ class Capability(str, Enum):
     # Position conventions of a layer cache (besides rope_interleaved / rope_half_split, keys cached rotated).
     KEYS_UNROTATED = "keys_unrotated"  # keys cached before RoPE, rotated when read
     POSITIONLESS = "positionless"  # layers without RoPE (no positional dependence): handed rope=None
+    # Cache operations beyond the one-row step (docs/spec.md §13), each an optional adapter method.
+    CHUNKED_APPEND = "chunked_append"  # append(layer, cache, x [B, T, D]): T rows at once, all or none
+    TRUNCATE = "truncate"  # truncate(cache, n): keep the first n rows (speculative decoding's rollback)
+    BATCH_REORDER = "batch_reorder"  # reorder(cache, indices): gather batch rows (beam search)
+    FORK = "fork"  # fork(cache): an independent copy (parallel sampling)
+    SLIDING_WINDOW_LAYER = "sliding_window_layer"  # create_cache(..., window=W); snapshots name positions
+    VALIDATES_LENGTH = "validates_length"  # truncate rejects an invalid n with invalid_length
+    VALIDATES_INDICES = "validates_indices"  # reorder rejects invalid indices with invalid_indices
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)
     DECODE_SESSION = "decode_session"  # prefill + decode over one cache per block, all or nothing
     PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of spec §10
@@ -93,15 +105,20 @@ VALIDATIONS = {  # each claimed validation and the error kind it decides
     Capability.VALIDATES_DTYPE: ErrorKind.DTYPE, Capability.VALIDATES_RANK: ErrorKind.RANK,
     Capability.VALIDATES_TOKEN_COUNT: ErrorKind.TOKEN_COUNT, Capability.VALIDATES_BATCH: ErrorKind.BATCH_MISMATCH,
     Capability.VALIDATES_WIDTH: ErrorKind.WIDTH_MISMATCH, Capability.VALIDATES_TOKENS: ErrorKind.INVALID_TOKENS,
+    Capability.VALIDATES_LENGTH: ErrorKind.INVALID_LENGTH, Capability.VALIDATES_INDICES: ErrorKind.INVALID_INDICES,
 }
 CLAIMED_BY: dict[ErrorKind, Capability] = {  # the claim under which each error kind of a call is judged
     **{kind: capability for capability, kind in VALIDATIONS.items()},
     ErrorKind.GEOMETRY_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.LAYER_MISMATCH: Capability.BINDING_CHECKS,
     ErrorKind.REVISION_MISMATCH: Capability.BINDING_CHECKS, ErrorKind.ROPE_MISMATCH: Capability.BINDING_CHECKS,
     ErrorKind.FULL: Capability.FIXED_CAPACITY, ErrorKind.NON_FINITE: Capability.NON_FINITE_REJECTION,
+    ErrorKind.EVICTED: Capability.TRUNCATE,
 }
+_SHORTHAND_VALIDATIONS = (  # what input_validation stands for: the checks of a step and of token sequences
+    Capability.VALIDATES_DTYPE, Capability.VALIDATES_RANK, Capability.VALIDATES_TOKEN_COUNT,
+    Capability.VALIDATES_BATCH, Capability.VALIDATES_WIDTH, Capability.VALIDATES_TOKENS)
 _IMPLIES = {
-    Capability.INPUT_VALIDATION.value: {c.value for c in VALIDATIONS},
+    Capability.INPUT_VALIDATION.value: {c.value for c in _SHORTHAND_VALIDATIONS},
     Capability.RESET_KEEPS_BYTES.value: {Capability.RESET_KEEPS_BUFFERS.value},
 }
 
@@ -156,7 +173,9 @@ class CacheSnapshot:
     """Everything observable about a cache, as copies the suite may keep.
 
     ``keys`` (rotated) and ``values`` (unrotated) are the logical prefix
-    ``[B, KV, length, dh]``. With ``physical_storage``, ``physical_keys`` and
+    ``[B, KV, length, dh]``; a sliding-window cache gives the rows it holds,
+    ``[B, KV, n, dh]``, oldest first, and their absolute ``positions [n]``
+    (docs/spec.md §13.5; None elsewhere). With ``physical_storage``, ``physical_keys`` and
     ``physical_values`` are copies of the whole buffers ``[B, KV, C, dh]`` and
     ``buffer_identity`` is any hashable that changes iff a buffer is
     reallocated (e.g. the buffers' addresses); otherwise all three are None.
@@ -168,6 +187,7 @@ class CacheSnapshot:
     physical_keys: np.ndarray | None = None
     physical_values: np.ndarray | None = None
     buffer_identity: Hashable | None = None
+    positions: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -213,6 +233,29 @@ class KvCacheAdapter(Protocol):
 
     def error_kind(self, error: BaseException) -> str | None:
         """The ``ErrorKind`` value of an exception the implementation raised, or None."""
+
+
+@runtime_checkable
+class CacheOperations(Protocol):
+    """Optional operations of a layer cache (docs/spec.md §13), each under its own capability.
+
+    An adapter has only the methods whose capability it declares; with
+    ``sliding_window_layer`` its ``create_cache`` also takes ``window=W`` and
+    its snapshots give ``positions``.
+    """
+
+    def append(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        """``chunked_append``: attend ``x [B, T, D]`` (T >= 1) causally over the cache and itself at positions
+        ``length .. length+T-1``; append all T rows, or none. Returns ``[B, T, D]``."""
+
+    def truncate(self, cache: Any, n: int) -> None:
+        """``truncate``: keep the first ``n`` rows; the next row is appended at position ``n``."""
+
+    def reorder(self, cache: Any, indices: np.ndarray) -> None:
+        """``batch_reorder``: batch row ``b`` becomes the old row ``indices[b]`` (repeats and drops allowed)."""
+
+    def fork(self, cache: Any) -> Any:
+        """``fork``: an independent copy; writes to either never show in the other."""
 
 
 @dataclass(frozen=True, eq=False)

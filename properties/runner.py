@@ -21,6 +21,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from oracle import FLOAT64, NumberSystem
 
 from . import trace
+from .cache_operations import CacheOperationsMachine
 from .databases import property_settings
 from .layer_cache import LayerCacheMachine
 from .prefix_store import PrefixStoreMachine
@@ -33,6 +34,7 @@ from .verdict import AdapterHung, NonConformance
 # The machines a trace may name (a trace never names a module: it cannot make replay import code).
 MACHINES: dict[str, type[trace.TracedMachine]] = {
     "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
+    "cache_operations": CacheOperationsMachine,
 }
 
 

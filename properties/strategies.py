@@ -127,7 +127,7 @@ def position_styles(capabilities: frozenset[str]) -> list[str]:
 
 @st.composite
 def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str | None = None,
-                  grouped: bool | None = None, limits: LayerLimits = NO_LIMITS) -> LayerConfig:
+                  grouped: bool | None = None, limits: LayerLimits = NO_LIMITS, min_capacity: int = 1) -> LayerConfig:
     """A geometry, position convention, weights and cache shape the implementation claims to support.
 
     ``style`` fixes the convention (a RoPE pairing, or ``"none"``: a positionless
@@ -163,7 +163,8 @@ def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str |
         model_width = heads * head_width
     else:
         model_width = draw(st.integers(1, max_width), label="model_width")
-    capacity = draw(st.integers(1, min(MAX_CAPACITY, limits.max_capacity or MAX_CAPACITY)), label="capacity")
+    max_capacity = min(MAX_CAPACITY, limits.max_capacity or MAX_CAPACITY)
+    capacity = draw(st.integers(min(min_capacity, max_capacity), max_capacity), label="capacity")
     chosen = draw(st.sampled_from(styles), label="positions")
     rope = None if chosen == "none" else draw(rope_configs(capabilities, head_width, min_positions=capacity,
                                                            style=chosen))
@@ -194,6 +195,69 @@ def rows(batch_size: int, model_width: int) -> st.SearchStrategy[np.ndarray]:
     return bounded_arrays((batch_size, 1, model_width), INPUT_BOUND)
 
 
+@cache
+def chunks(batch_size: int, tokens: int, model_width: int) -> st.SearchStrategy[np.ndarray]:
+    """``tokens`` valid new rows ``[B, T, D]`` at once, in the documented input range."""
+    return bounded_arrays((batch_size, tokens, model_width), INPUT_BOUND)
+
+
+MAX_CHUNK = 4
+
+
+@dataclass(frozen=True)
+class Argument:
+    """An argument of a cache operation, and the error kind it must be rejected with (None: valid)."""
+
+    value: object
+    problem: str | None  # an ErrorKind value (a plain string: a trace records it as such), or None
+    description: str
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        return None if self.problem is None else ErrorKind(self.problem)
+
+
+@st.composite
+def truncation_lengths(draw: st.DrawFn, length: int, window: int | None = None) -> Argument:
+    """``truncate``'s n: mostly valid (0, the length, one below, around a window's edge, or anywhere between);
+    else negative, above the length, or not an int (a float, a bool)."""
+    if draw(st.integers(0, 3), label="invalid length?") > 0:
+        edges = {0, length, length - 1} | ({length - window + d for d in (-1, 0, 1)} if window else set())
+        n = draw(st.sampled_from(sorted(e for e in edges if 0 <= e <= length)) | st.integers(0, length), label="n")
+        return Argument(n, None, f"n = {n}")
+    value = draw(st.sampled_from([-1, -length - 1, length + 1, length + 3, float(length), True, str(length)]),
+                 label="invalid n")
+    return Argument(value, ErrorKind.INVALID_LENGTH.value, f"n = {value!r}")
+
+
+@st.composite
+def batch_indices(draw: st.DrawFn, batch_size: int) -> Argument:
+    """``reorder``'s indices: B ints in [0, B) (repeats, drops, the identity), or one of: a negative index, an
+    index of B or more, one index too many or too few, floats, bools."""
+    valid = draw(st.lists(st.integers(0, batch_size - 1), min_size=batch_size, max_size=batch_size),
+                 label="indices")
+    if draw(st.integers(0, 3), label="invalid indices?") > 0:
+        as_list = draw(st.booleans(), label="as a list")
+        return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"indices {valid}")
+    problem = draw(st.sampled_from(["negative", "too large", "too many", "too few", "floats", "bools"]),
+                   label="problem")
+    where = draw(st.integers(0, batch_size - 1), label="where")
+    value: object
+    if problem in ("negative", "too large"):
+        bad = list(valid)
+        bad[where] = -1 - where if problem == "negative" else batch_size + where
+        value = np.array(bad, dtype=np.int64)
+    elif problem == "too many":
+        value = np.array([*valid, 0], dtype=np.int64)
+    elif problem == "too few":
+        value = np.array(valid[:-1], dtype=np.int64)
+    elif problem == "floats":
+        value = np.array(valid, dtype=np.float64)
+    else:
+        value = np.array([i % 2 == 0 for i in range(batch_size)])
+    return Argument(value, ErrorKind.INVALID_INDICES.value, f"indices {value.tolist()} of {value.dtype} ({problem})")
+
+
 def layouts() -> st.SearchStrategy[tuple[str, bool]]:
     """(order, writeable) of a valid row: any layout of a float64 array of the right shape is valid."""
     return st.tuples(st.sampled_from(ORDERS), st.booleans())
@@ -221,9 +285,10 @@ class MalformedRow:
 
 
 @st.composite
-def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int) -> MalformedRow:
+def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunked: bool = False) -> MalformedRow:
     """A step's input with one or several of: not a float64 ndarray, not 3-D, not one token, another batch
-    (0 included), another width (0 included); values in [-1, 1]."""
+    (0 included), another width (0 included); values in [-1, 1]. ``chunked``: a chunk's input, for which
+    any token count >= 1 is valid and only 0 tokens is wrong."""
     kinds = draw(st.sets(st.sampled_from(INPUT_CHECKS), min_size=1), label="problems")
     if ErrorKind.RANK in kinds:  # batch, tokens and width are the axes of a 3-D input only
         kinds -= {ErrorKind.TOKEN_COUNT, ErrorKind.BATCH_MISMATCH, ErrorKind.WIDTH_MISMATCH}
@@ -232,7 +297,10 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int) -> Malfor
     else:
         batch = batch_size if ErrorKind.BATCH_MISMATCH not in kinds else draw(
             st.sampled_from([b for b in range(MAX_BATCH + 2) if b != batch_size]), label="batch")
-        tokens = 1 if ErrorKind.TOKEN_COUNT not in kinds else draw(st.sampled_from([0, 2, 3]), label="tokens")
+        if chunked:
+            tokens = 0 if ErrorKind.TOKEN_COUNT in kinds else draw(st.integers(1, 3), label="tokens")
+        else:
+            tokens = 1 if ErrorKind.TOKEN_COUNT not in kinds else draw(st.sampled_from([0, 2, 3]), label="tokens")
         width = model_width if ErrorKind.WIDTH_MISMATCH not in kinds else draw(
             st.sampled_from([w for w in range(MAX_MODEL_WIDTH + 2) if w != model_width]), label="width")
         shape = (batch, tokens, width)

@@ -42,6 +42,17 @@ with the position (the angle's error does): 5.3 ulps at positions up to 62
 (error / tolerance 0.85), so the rule is calibrated for the suite's short
 sequences, not for long contexts.
 
+- quantized or low-precision **storage** (an adapter's ``storage`` mapping,
+  e.g. ``{"format": "float8_e4m3fn", "scale": "per_tensor", "update":
+  "frozen"}``; ``oracle.storage``): computation in float64 (or the declared
+  dtype), K/V rows stored rounded. Every error at most ``FACTOR`` times the
+  error of the oracle's computation over exactly what such a cache stores
+  (same format, same scale rule), plus ``STORAGE_FLOOR_UNITS`` units of the
+  format -- an ulp for a float format, one quantization step for an integer
+  one, relative to the expected magnitude -- plus the dtype's own floor.
+  Measured by ``python bench/run.py --only storage`` (numbers in the
+  module's constants below and docs/spec.md §13.6).
+
 An adapter declares its dtype with an optional ``dtype`` attribute, and a
 float64 adapter its lower-precision components with an optional
 ``mixed_precision`` mapping, e.g. ``{"rope": "float32"}``
@@ -58,7 +69,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from oracle import COMPONENTS, LOW_PRECISIONS, NumberSystem, mixed_precision, numpy_precision
+from oracle import COMPONENTS, FLOAT64, LOW_PRECISIONS, NumberSystem, StorageFormat, mixed_precision, numpy_precision
 
 from .verdict import NonConformance, assert_close
 
@@ -66,6 +77,7 @@ DTYPES = ("float64", *LOW_PRECISIONS)
 ABSOLUTE = 1e-12  # float64, on the documented ranges
 FACTOR = 2.0  # FlashAttention's tests: |out - ref| <= 2 |out_naive - ref| (+ a floor)
 FLOOR_ULPS = 8.0
+STORAGE_FLOOR_UNITS = 1.0  # bench/run.py --only storage
 _EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 T = TypeVar("T")
@@ -90,25 +102,35 @@ class Judge:
     oracle: NumberSystem
     worst: tuple[float, float] = (0.0, ABSOLUTE)
     components: Mapping[str, str] = field(default_factory=dict)  # declared mixed_precision: component -> dtype
+    storage: StorageFormat | None = None  # declared storage format of the cached rows
 
     def __post_init__(self) -> None:
         self.components = check_precision(self.dtype, self.components)
 
     @classmethod
     def for_adapter(cls, adapter: Any, oracle: NumberSystem) -> Judge:
-        """The judge of what ``adapter`` declares (``dtype``, ``mixed_precision``)."""
+        """The judge of what ``adapter`` declares (``dtype``, ``mixed_precision``, ``storage``)."""
         dtype, components = declared_precision(adapter)
-        return cls(dtype, oracle, components=components)
+        return cls(dtype, oracle, components=components, storage=declared_storage(adapter))
 
     @property
     def naive(self) -> NumberSystem | None:
         """The number system of the naive computation the budget is measured on (None: a fixed 1e-12)."""
         if self.components:
             return mixed_precision(self.components)
-        return None if self.dtype == "float64" else numpy_precision(self.dtype)
+        if self.dtype == "float64":
+            return FLOAT64 if self.storage is not None else None
+        return numpy_precision(self.dtype)
 
     @property
     def rule(self) -> str:
+        if self.storage is not None:
+            rule = self.storage
+            return (f"{self.dtype} computation, K/V stored as {rule.format} (scale {rule.scale}, {rule.update}): "
+                    f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "
+                    f"+ {STORAGE_FLOOR_UNITS:g} {rule.format} unit(s) at the expected magnitude"
+                    + (f" + {FLOOR_ULPS:g} {self.dtype} ulps" if self.dtype != "float64" else f" + {ABSOLUTE:.0e}")
+                    + f", against the {self.oracle.name} oracle")
         if self.components:
             parts = ", ".join(f"{name} in {self.components[name]}" for name in COMPONENTS if name in self.components)
             return (f"float64 with {parts} (mixed_precision): |error| <= {FACTOR:g} x |error of the full-prefix "
@@ -119,16 +141,29 @@ class Judge:
         return (f"{self.dtype}: |error| <= {FACTOR:g} x |error of the naive {self.dtype} full-prefix computation| "
                 f"+ {FLOOR_ULPS:g} {self.dtype} ulps at the expected magnitude, against the {self.oracle.name} oracle")
 
-    def reference(self, compute: Callable[[NumberSystem], T]) -> Reference[T]:
+    def reference(self, compute: Callable[[NumberSystem], T],
+                  stored: Callable[[NumberSystem], T] | None = None) -> Reference[T]:
+        """The oracle's answer and the naive one; with declared storage, ``stored`` computes the naive one
+        over what the cache stores (required then)."""
         numbers = self.naive
-        return Reference(compute(self.oracle), None if numbers is None else compute(numbers))
+        if numbers is None:
+            return Reference(compute(self.oracle), None)
+        if self.storage is not None:
+            if stored is None:
+                raise TypeError("a judge of declared storage needs the stored computation")
+            return Reference(compute(self.oracle), stored(numbers))
+        return Reference(compute(self.oracle), compute(numbers))
 
     def tolerance(self, expected: np.ndarray, naive: np.ndarray | None) -> float:
-        if naive is None or (self.dtype == "float64" and not self.components):
+        if naive is None or (self.dtype == "float64" and not self.components and self.storage is None):
             return ABSOLUTE
         error = np.abs(np.asarray(naive, dtype=np.float64) - expected)
         budget = float(np.max(np.where(np.isfinite(error), error, np.inf), initial=0.0))
         scale = float(np.max(np.abs(expected), initial=1.0))
+        if self.storage is not None:
+            floor = STORAGE_FLOOR_UNITS * self.storage.unit * scale + (
+                FLOOR_ULPS * _EPS[self.dtype] * scale if self.dtype != "float64" else ABSOLUTE)
+            return FACTOR * budget + floor
         floor = FLOOR_ULPS * _EPS[self._floor_dtype] * scale
         return FACTOR * budget + floor + (ABSOLUTE if self.components else 0.0)
 
@@ -142,20 +177,34 @@ class Judge:
         expected = select(reference.truth)
         return expected, self.tolerance(expected, None if reference.naive is None else select(reference.naive))
 
-    def close(self, actual: Any, expected: np.ndarray, tolerance: float, *, what: str,
+    def close(self, actual: Any, expected: np.ndarray, tolerance: float | np.ndarray, *, what: str,
               axes: Sequence[str] = ("batch", "head", "position", "feature")) -> float:
         """``assert_close`` with this rule's dtype check, remembering the closest call to the tolerance."""
         __tracebackhide__ = True
         try:
-            error = assert_close(actual, expected, tolerance=tolerance, what=what, axes=axes,
-                                 dtype=np.float64 if self.dtype == "float64" else None)
+            error, limit = assert_close(actual, expected, tolerance=tolerance, what=what, axes=axes,
+                                        dtype=np.float64 if self.dtype == "float64" else None)
         except NonConformance:
             if isinstance(actual, np.ndarray) and actual.shape == expected.shape and actual.size:
-                self._observe(float(np.nan_to_num(np.abs(actual.astype(np.float64) - expected), nan=np.inf).max()),
-                              tolerance)
+                errors = np.nan_to_num(np.abs(actual.astype(np.float64) - expected), nan=np.inf)
+                limits = np.broadcast_to(np.asarray(tolerance, dtype=np.float64), expected.shape)
+                worst = np.unravel_index(int(np.argmax(errors / np.maximum(limits, 1e-300))), errors.shape)
+                self._observe(float(errors[worst]), float(limits[worst]))
             raise
-        self._observe(error, tolerance)
+        self._observe(error, limit)
         return error
+
+    def rows_bound(self, reference: Reference[T], select: Callable[[T], np.ndarray],
+                   steps: np.ndarray | None) -> tuple[np.ndarray, float | np.ndarray]:
+        """``bound`` for cached rows. With declared storage, one tolerance per element: ``FACTOR`` times the
+        naive stored row's error there, plus ``STORAGE_FLOOR_UNITS`` of that element's quantization step
+        (``steps``, from ``StorageFormat.steps``): a coarser scale than declared shows here."""
+        expected, tolerance = self.bound(reference, select)
+        if self.storage is None or steps is None or reference.naive is None:
+            return expected, tolerance
+        naive = np.asarray(select(reference.naive), dtype=np.float64)
+        extra = FLOOR_ULPS * _EPS[self.dtype] * np.abs(expected) if self.dtype != "float64" else ABSOLUTE
+        return expected, FACTOR * np.abs(naive - expected) + STORAGE_FLOOR_UNITS * steps + extra
 
     def _observe(self, error: float, tolerance: float) -> None:
         if tolerance > 0:
@@ -178,6 +227,26 @@ def declared_precision(adapter: Any) -> tuple[str, dict[str, str]]:
     """
     dtype = declared_dtype(adapter)
     return dtype, check_precision(dtype, getattr(adapter, "mixed_precision", None) or {})
+
+
+STORAGE_KEYS = ("format", "scale", "update")
+
+
+def declared_storage(adapter: Any) -> StorageFormat | None:
+    """The adapter's ``storage`` declaration as a ``StorageFormat`` (None: rows stored in the dtype).
+
+    Raises ValueError naming what is wrong if the declaration is not one the suite can judge.
+    """
+    given = getattr(adapter, "storage", None)
+    if given is None:
+        return None
+    if not isinstance(given, Mapping) or "format" not in given or set(given) - set(STORAGE_KEYS):
+        raise ValueError(f"storage must map {', '.join(STORAGE_KEYS)} (format required), e.g. "
+                         f"{{'format': 'float8_e4m3fn', 'scale': 'per_tensor', 'update': 'frozen'}}; got {given!r}")
+    try:
+        return StorageFormat(**{str(k): str(v) for k, v in given.items()})
+    except ValueError as error:
+        raise ValueError(f"storage {dict(given)!r}: {error}") from None
 
 
 def check_precision(dtype: str, components: Any) -> dict[str, str]:

@@ -33,14 +33,14 @@ from hypothesis import strategies as st
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
 from .layouts import layout_of, with_layout
-from .strategies import LayerConfig, MalformedRow, requirements_of
+from .strategies import Argument, LayerConfig, MalformedRow, requirements_of
 
 FORMAT = "kvcache-conformance-trace"
 FORMAT_VERSION = 2  # 2: arrays record their layout; object arrays
 READABLE_VERSIONS = (1, 2)
 _SPEC = "_kvcache_rule"
-_DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, DecoderConfig, DecoderWeights, LayerConfig,
-                                              MalformedRow, RopeConfig)}
+_DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, Argument, DecoderConfig, DecoderWeights,
+                                              LayerConfig, MalformedRow, RopeConfig)}
 
 
 class TraceError(ValueError):

@@ -181,13 +181,13 @@ def expect_success(outcome: Outcome, what: str) -> Any:
     return outcome.value
 
 
-def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: str,
+def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float | np.ndarray, what: str,
                  axes: Sequence[str] = ("batch", "head", "position", "feature"),
-                 dtype: type[np.floating[Any]] | None = np.float64) -> float:
+                 dtype: type[np.floating[Any]] | None = np.float64) -> tuple[float, float]:
     """Raise unless ``actual`` is an array of ``expected``'s shape (and of ``dtype``, unless None:
-    then of any real floating dtype) agreeing within ``tolerance``.
+    then of any real floating dtype) agreeing within ``tolerance`` (one number, or one per element).
 
-    Returns the worst absolute error. The message names where it is: one index
+    Returns (error, tolerance) of the element closest to failing. The message names where it is: one index
     per axis, with the names in ``axes`` (the last ``ndim`` of them are used).
     """
     __tracebackhide__ = True
@@ -202,25 +202,31 @@ def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float, what: s
         raise NonConformance(f"{what}: dtype {actual.dtype}, but should be "
                              f"{np.dtype(dtype) if dtype is not None else 'a real floating type'}",
                              kind=f"{compared}: wrong dtype")
+    per_element = np.ndim(tolerance) > 0
+    limit = np.broadcast_to(np.asarray(tolerance, dtype=np.float64), expected.shape)
     if actual.size == 0:
-        return 0.0
+        return 0.0, float(np.max(limit, initial=0.0)) if per_element else float(tolerance)
     actual = actual.astype(np.float64)
     error = np.abs(actual - expected)
     error[~np.isfinite(actual)] = np.inf
-    worst = np.unravel_index(int(np.argmax(error)), error.shape)
-    worst_error = float(error[worst])
-    if not worst_error <= tolerance:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(limit > 0, error / limit, np.where(error > 0, np.inf, 0.0))
+    worst = np.unravel_index(int(np.argmax(ratio)), error.shape)
+    worst_error, worst_limit = float(error[worst]), float(limit[worst])
+    if not worst_error <= worst_limit:
         names = list(axes)[-actual.ndim:] if actual.ndim <= len(axes) else [f"axis{i}" for i in range(actual.ndim)]
         where = ", ".join(f"{name}={int(i)}" for name, i in zip(names, worst))
-        mismatched = int(np.count_nonzero(~(error <= tolerance)))
-        raise NonConformance(f"{what}: |error| {worst_error:.3e} at {where} exceeds tolerance {tolerance:.0e} "
+        mismatched = int(np.count_nonzero(~(error <= limit)))
+        bound = f"its tolerance {worst_limit:.3e}" if per_element else f"tolerance {worst_limit:.0e}"
+        raise NonConformance(f"{what}: |error| {worst_error:.3e} at {where} exceeds {bound} "
                              f"({mismatched} of {error.size} elements); got {actual[worst]!r}, "
                              f"should be {expected[worst]!r}", kind=f"{compared} mismatch")
-    return worst_error
+    return worst_error, worst_limit
 
 
-def read_snapshot(adapter: KvCacheAdapter, cache: Any, what: str, *, physical: bool) -> CacheSnapshot:
-    """The adapter's snapshot, checked for shape and type, as a ``CacheSnapshot``."""
+def read_snapshot(adapter: KvCacheAdapter, cache: Any, what: str, *, physical: bool,
+                  positions: bool = False) -> CacheSnapshot:
+    """The adapter's snapshot, checked for type, as a ``CacheSnapshot`` (``positions``: a window cache's)."""
     raw = call(adapter, f"{what}: snapshot", lambda: adapter.snapshot(cache))
     snapshot = expect_success(raw, f"{what}: snapshot")
     try:
@@ -228,12 +234,17 @@ def read_snapshot(adapter: KvCacheAdapter, cache: Any, what: str, *, physical: b
             length=snapshot.length, keys=snapshot.keys, values=snapshot.values,
             physical_keys=getattr(snapshot, "physical_keys", None) if physical else None,
             physical_values=getattr(snapshot, "physical_values", None) if physical else None,
-            buffer_identity=getattr(snapshot, "buffer_identity", None) if physical else None)
+            buffer_identity=getattr(snapshot, "buffer_identity", None) if physical else None,
+            positions=getattr(snapshot, "positions", None) if positions else None)
     except AttributeError as error:
         raise NonConformance(f"{what}: snapshot lacks a field: {error}", kind="malformed snapshot") from error
     arrays = [result.keys, result.values] + ([result.physical_keys, result.physical_values] if physical else [])
     if not isinstance(result.length, (int, np.integer)) or not all(isinstance(a, np.ndarray) for a in arrays):
         raise NonConformance(f"{what}: snapshot must hold an int length and numpy arrays", kind="malformed snapshot")
+    if positions and not (isinstance(result.positions, np.ndarray) and result.positions.ndim == 1
+                          and result.positions.dtype.kind in "iu"):
+        raise NonConformance(f"{what}: a sliding-window cache's snapshot must give the held rows' positions as a 1-D "
+                             f"integer array, got {result.positions!r}", kind="malformed snapshot")
     return result
 
 
@@ -243,7 +254,7 @@ def same_state(before: CacheSnapshot, after: CacheSnapshot, what: str, rule: str
     kind = "state changed by a rejected call" if "rejected" in rule else f"state changed ({rule})"
     if after.length != before.length:
         raise NonConformance(f"{what}: cache length changed {before.length} -> {after.length}, but {rule}", kind=kind)
-    for name in ("keys", "values", "physical_keys", "physical_values"):
+    for name in ("keys", "values", "positions", "physical_keys", "physical_values"):
         old, new = getattr(before, name), getattr(after, name)
         if old is None:
             continue

@@ -25,8 +25,9 @@ class Mutant:
     file: str
     edits: tuple[tuple[str, str], ...]
     why: str
-    machine: str = "layer cache"  # the machine that must kill it: layer cache, session or prefix store
+    machine: str = "layer cache"  # the machine that must kill it: layer cache, cache operations, session, prefix store
     undeclared: tuple[str, ...] = ()  # capabilities its adapter no longer declares
+    factory: str = "make_adapter"  # the adapter factory of impl/conformance.py it runs behind
 
 
 MUTANTS = (
@@ -43,14 +44,14 @@ MUTANTS = (
              '            _require_finite(NonFiniteKeyValue, "projected value", value)'),),
            "writes the key row before the value row is known to be finite"),
     Mutant("reset_reallocates", "cache.py",
-           (("        self._length = self._next_position = 0\n",
+           (("        self._length = self._next_position = self._first_held = 0\n",
              "        self._keys, self._values = np.zeros_like(self._keys), np.zeros_like(self._values)\n"
-             "        self._length = self._next_position = 0\n"),),
+             "        self._length = self._next_position = self._first_held = 0\n"),),
            "reset allocates new buffers"),
     Mutant("reset_zeroes", "cache.py",
-           (("        self._length = self._next_position = 0\n",
+           (("        self._length = self._next_position = self._first_held = 0\n",
              "        self._keys[...] = 0.0\n        self._values[...] = 0.0\n"
-             "        self._length = self._next_position = 0\n"),),
+             "        self._length = self._next_position = self._first_held = 0\n"),),
            "reset overwrites the stored rows"),
     Mutant("no_revision_check", "cache.py",
            (("            if current.version != version:", "            if False:"),),
@@ -62,8 +63,9 @@ MUTANTS = (
            (("and _bits(self.base) == _bits(other.base))",
              "and abs(self.base - other.base) <= 1e-9 * abs(other.base))"),),
            "compares the RoPE base with a tolerance instead of bit for bit"),
-    Mutant("full_check_off_by_one", "cache.py",
-           (("return self._length >= self.capacity", "return self._length > self.capacity"),),
+    Mutant("full_check_off_by_one", "attention.py",
+           (("if cache.length + x.shape[1] > cache.capacity:",
+             "if cache.length + x.shape[1] > cache.capacity + 1:"),),
            "lets a full cache take one more row"),
     Mutant("unstable_softmax", "attention.py",
            (("    scores -= scores.max(axis=-1, keepdims=True)\n", ""),),
@@ -79,18 +81,20 @@ MUTANTS = (
              "shape = (batch_size, slots, layer.kv_heads, layer.head_width)"),
             ("= self._keys[:, :, self._held_slots()]", "= self._keys[:, self._held_slots()].swapaxes(1, 2)"),
             ("= self._values[:, :, self._held_slots()]", "= self._values[:, self._held_slots()].swapaxes(1, 2)"),
-            ("return self._keys[:, :, held], self._values[:, :, held], self._positions[held]",
-             "return (self._keys[:, held].swapaxes(1, 2), self._values[:, held].swapaxes(1, 2),\n"
-             "                    self._positions[held])"),
+            ("return (_read_only(self._keys[:, :, held]), _read_only(self._values[:, :, held]),",
+             "return (_read_only(self._keys[:, held].swapaxes(1, 2)), "
+             "_read_only(self._values[:, held].swapaxes(1, 2)),"),
             ("return self._keys[:, :, slots], self._values[:, :, slots], self._positions[slots]",
              "return (self._keys[:, slots].swapaxes(1, 2), self._values[:, slots].swapaxes(1, 2),\n"
              "                self._positions[slots])"),
-            ("self._keys[:, :, slots] = keys[:, :, tokens - kept:]",
-             "self._keys[:, slots] = keys[:, :, tokens - kept:].swapaxes(1, 2)"),
-            ("self._values[:, :, slots] = values[:, :, tokens - kept:]",
-             "self._values[:, slots] = values[:, :, tokens - kept:].swapaxes(1, 2)"),
-            ("self._keys[:, :, :count] = keys", "self._keys[:, :count] = keys.swapaxes(1, 2)"),
-            ("self._values[:, :, :count] = values", "self._values[:, :count] = values.swapaxes(1, 2)")),
+            ("self._exact_keys[:, :, slots] = keys[:, :, tokens - kept:]",
+             "self._exact_keys[:, slots] = keys[:, :, tokens - kept:].swapaxes(1, 2)"),
+            ("self._exact_values[:, :, slots] = values[:, :, tokens - kept:]",
+             "self._exact_values[:, slots] = values[:, :, tokens - kept:].swapaxes(1, 2)"),
+            ("self._keys[:, :, :count] = self._exact_keys[:, :, :count] = keys",
+             "self._keys[:, :count] = keys.swapaxes(1, 2)"),
+            ("self._values[:, :, :count] = self._exact_values[:, :, :count] = values",
+             "self._values[:, :count] = values.swapaxes(1, 2)")),
            "physical storage laid out [B, C, KV, dh], logically correct"),
     Mutant("no_rope_max_positions_check", "rope.py",
            (("and self.max_positions == other.max_positions\n", "\n"),),
@@ -119,8 +123,10 @@ MUTANTS = (
             # a non-finite query makes its own score non-finite: the score check would stand in for it
             ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),
             ('            _require_finite(NonFiniteAttention, "attention output", output)\n', ""),
-            ("        cache._commit(prepared.keys, prepared.values)\n        return prepared.output",
-             "        cache._commit(prepared.keys, prepared.values)\n"
+            ("        self._validate_request(x, cache)\n        prepared = self.prepare(x, cache)\n"
+             "        cache.commit(prepared.keys, prepared.values)\n        return prepared.output",
+             "        self._validate_request(x, cache)\n        prepared = self.prepare(x, cache)\n"
+             "        cache.commit(prepared.keys, prepared.values)\n"
              '        _require_finite(NonFiniteAttention, "attention output", prepared.output)\n'
              "        return prepared.output")),
            "commits the row before checking that the query, its scores and the output are finite"),
@@ -174,9 +180,9 @@ MUTANTS = (
              ""),
             ("            rows = block.prepare(hidden, cache)\n",
              "            cache.check_binding(block)\n            rows = block.prepare(hidden, cache)\n"
-             "            cache._commit(rows.keys, rows.values)\n"),
+             "            cache.commit(rows.keys, rows.values)\n"),
             ("        for cache, rows in zip(self.caches, prepared):  # nothing below can fail\n"
-             "            cache._commit(rows.keys, rows.values)\n", "")),
+             "            cache.commit(rows.keys, rows.values)\n", "")),
            "commits block 1 before block 2 has been checked and computed", "session"),
     # -- the session's order of checks: tokens, then every block's revision, then the capacity --
     Mutant("session_order_per_block", "decoder.py",
@@ -217,9 +223,9 @@ MUTANTS = (
              "        self._validate_request(x, cache)\n        prepared"),),
            "converts a nested Python list to an array instead of rejecting it"),
     Mutant("dtype_checked_late", "attention.py",
-           (("        _check_float_rows(x)\n        if x.shape[1] != 1:",
+           (("        _check_float_rows(x)\n        if x.shape[1] < 1 or (x.shape[1] != 1 and not chunk):",
              "        if np.ndim(x) != 3:\n            raise InputRankError(np.ndim(x))\n"
-             "        if np.shape(x)[1] != 1:"),
+             "        if np.shape(x)[1] < 1 or (np.shape(x)[1] != 1 and not chunk):"),
             ("        if x.shape[0] != cache.batch_size:", "        if np.shape(x)[0] != cache.batch_size:"),
             ("        if x.shape[2] != self.model_width:\n"
              "            raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])\n"
@@ -232,13 +238,71 @@ MUTANTS = (
            (("        if x.shape[0] != cache.batch_size:\n",
              "        if x.shape[0] != cache.batch_size:\n"
              "            row = np.zeros((cache.batch_size, cache.kv_heads, 1, cache.head_width))\n"
-             "            cache._commit(row, row)\n"),),
+             "            cache.commit(row, row)\n"),),
            "declares no validation at all, and on a wrong batch writes a row before raising",
            undeclared=("input_validation",)),
     Mutant("read_only_input_rejected", "attention.py",
            (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:",
              "if not isinstance(x, np.ndarray) or x.dtype != np.float64 or not x.flags.writeable:"),),
            "rejects a read-only float64 row, which is valid"),
+    # -- cache operations (spec §13): chunks, truncation, reorder, forks, sliding windows --
+    Mutant("chunk_not_causal", "attention.py",
+           (("        np.copyto(own, -np.inf, where=key_positions_new[None, -rows:] > positions[:, None])\n",
+             "        pass\n"),),
+           "a chunk's rows see the rows after them (no causal mask inside a chunk)", "cache operations"),
+    Mutant("chunk_capacity_checked_per_row", "attention.py",
+           (("if cache.length + x.shape[1] > cache.capacity:", "if cache.length >= cache.capacity:"),),
+           "a chunk is let in while one row is free: its rows past the capacity wrap onto the oldest",
+           "cache operations"),
+    Mutant("chunk_positions_all_at_length", "attention.py",
+           (("positions = np.arange(start, start + x.shape[1])  # [T]", "positions = np.full(x.shape[1], start)"),),
+           "rotates every row of a chunk at the cache's length", "cache operations"),
+    Mutant("truncate_keeps_next_position", "cache.py",
+           (("        self._next_position -= self._length - length\n", ""),),
+           "truncation keeps the old next position: rows appended after it are rotated too far", "cache operations"),
+    Mutant("truncate_beyond_length_accepted", "cache.py",
+           (("or not 0 <= length <= self._length:", "or not 0 <= length:"),),
+           "truncate(n) with n above the length is accepted and exposes stale rows", "cache operations"),
+    Mutant("truncate_window_revives_evicted", "cache.py",
+           (("            if needed < length and self._first_held > needed:", "            if False:"),),
+           "a window cache truncates past its oldest held row, as if evicted rows came back", "cache operations"),
+    Mutant("reorder_values_forgotten", "cache.py",
+           (("        self._values[...] = self._values[gather]\n", ""),),
+           "reorders the keys of the batch but not the values", "cache operations"),
+    Mutant("reorder_negative_index_wraps", "cache.py",
+           (("if array.size and (array.min() < 0 or array.max() >= batch_size):",
+             "if array.size and array.max() >= batch_size:"),),
+           "a negative index wraps around (numpy's indexing) instead of being rejected", "cache operations"),
+    Mutant("fork_shares_buffers", "cache.py",
+           (("twin._keys, twin._values, twin._positions = self._keys.copy(), self._values.copy(), "
+             "self._positions.copy()",
+             "twin._keys, twin._values, twin._positions = self._keys, self._values, self._positions"),),
+           "a fork aliases the original's buffers: a write to either shows in both", "cache operations"),
+    Mutant("fork_shares_values", "cache.py",
+           (("twin._keys, twin._values, twin._positions = self._keys.copy(), self._values.copy(), "
+             "self._positions.copy()",
+             "twin._keys, twin._values, twin._positions = self._keys.copy(), self._values, self._positions.copy()"),),
+           "a fork copies the keys but aliases the values", "cache operations"),
+    Mutant("window_sees_one_more", "attention.py",
+           (("(key_positions[None, :] <= positions[:, None] - window)",
+             "(key_positions[None, :] < positions[:, None] - window)"),),
+           "a query at q sees keys down to q - W (W + 1 keys): the window boundary off by one", "cache operations"),
+    Mutant("window_rows_in_ring_order", "cache.py",
+           (("        keys: np.ndarray = self._keys[:, :, self._held_slots()]",
+             "        keys: np.ndarray = self._keys[:, :, np.sort(self._held_slots())]"),),
+           "a wrapped window shows its key rows in slot order, not oldest first", "cache operations"),
+    # -- quantized storage (spec §13.6): each through an adapter declaring its storage --
+    Mutant("storage_read_back_without_scale", "storage.py",
+           (("return scaled.astype(_FLOATS[self.format]).astype(np.float64) * scale",
+             "return scaled.astype(_FLOATS[self.format]).astype(np.float64)"),),
+           "fp8 rows are read back without multiplying by their scale", factory="make_fp8_adapter"),
+    Mutant("storage_per_channel_scale_taken_per_tensor", "storage.py",
+           (("axis=(0, 1, 2, 3) if self.scale == \"per_tensor\" else (0, 2)", "axis=(0, 1, 2, 3)"),),
+           "declares int8 with a per-channel scale, but scales the whole tensor at once",
+           factory="make_int8_adapter"),
+    Mutant("storage_float16_rounded_as_bfloat16", "storage.py",
+           (('"float16": np.float16,', '"float16": ml_dtypes.bfloat16,'),),
+           "declares float16 storage, but rounds to bfloat16 (3 bits fewer)", factory="make_float16_adapter"),
 )
 
 
@@ -267,7 +331,7 @@ def build(mutant: Mutant, directory: Path) -> str:
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     importlib.invalidate_caches()
-    return f"{package}.conformance:make_adapter"
+    return f"{package}.conformance:{mutant.factory}"
 
 
 @dataclass(frozen=True)
@@ -293,6 +357,9 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
                 for style, grouped in FAMILIES]
     if mutant.machine == "session":
         return [("session", "session", {})]
+    if mutant.machine == "cache operations":
+        return [(f"operations/{'window' if windowed else 'full'}", "cache_operations",
+                 {"style": "half_split", "grouped": None, "windowed": windowed}) for windowed in (False, True)]
     return [(f"store/{'window' if windowed else 'full'}", "prefix_store", {"windowed": windowed})
             for windowed in (False, True)]
 
