@@ -111,7 +111,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # Quickest verdicts first, so that ``-x`` stops early: kept counterexamples replay in milliseconds, then the
 # short properties, then one layer family (where most layer bugs show), the decoder machines, the other families.
 _FIRST = ("test_regressions.py", "test_cache_creation.py", "test_precision.py", "[interleaved-mha]",
-          "test_prefix_store.py", "test_session.py", "test_layer_cache.py")
+          "test_prefix_store.py", "test_session.py", "test_paged_cache.py", "test_cache_operations.py",
+          "test_layer_cache.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -18,6 +18,7 @@ from . import __version__, errors
 from .attention import AttentionLayer
 from .cache import LayerKvCache
 from .decoder import Decoder, DecodeSession
+from .paged_conformance import PagedReferenceMethods
 from .prefix_store import BlockRows, PrefixStore, QueryResult
 from .rope import RopeConfig
 from .storage import StorageRule
@@ -60,7 +61,7 @@ class Snapshot:
     positions: np.ndarray
 
 
-class ReferenceAdapter:
+class ReferenceAdapter(PagedReferenceMethods):
     name = "impl-reference"
     version = __version__
     capabilities = frozenset({
@@ -69,7 +70,7 @@ class ReferenceAdapter:
         "physical_storage", "reset_keeps_bytes", "positionless", "decode_session", "prefix_store",
         "sliding_window", "positions_sinusoidal", "positions_rope",
         "chunked_append", "truncate", "batch_reorder", "fork", "sliding_window_layer", "validates_length",
-        "validates_indices",
+        "validates_indices", "paged_prefix_sharing",
     })
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:

@@ -96,6 +96,7 @@ class Capability(str, Enum):
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)
     DECODE_SESSION = "decode_session"  # prefill + decode over one cache per block, all or nothing
     PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of spec §10
+    PAGED_PREFIX_SHARING = "paged_prefix_sharing"  # a paged pool sharing hash-chained full blocks (spec §14)
     SLIDING_WINDOW = "sliding_window"  # decoders with a sliding attention window
     POSITIONS_SINUSOIDAL = "positions_sinusoidal"  # absolute sinusoids added to the embedding
     POSITIONS_ROPE = "positions_rope"  # RoPE inside attention

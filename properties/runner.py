@@ -24,6 +24,7 @@ from . import trace
 from .cache_operations import CacheOperationsMachine
 from .databases import property_settings
 from .layer_cache import LayerCacheMachine
+from .paged_cache import PagedCacheMachine
 from .prefix_store import PrefixStoreMachine
 from .protocol import KvCacheAdapter, declared
 from .provenance import environment_facts, implementation_facts
@@ -34,7 +35,7 @@ from .verdict import AdapterHung, NonConformance
 # The machines a trace may name (a trace never names a module: it cannot make replay import code).
 MACHINES: dict[str, type[trace.TracedMachine]] = {
     "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
-    "cache_operations": CacheOperationsMachine,
+    "cache_operations": CacheOperationsMachine, "paged": PagedCacheMachine,
 }
 
 

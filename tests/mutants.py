@@ -25,7 +25,7 @@ class Mutant:
     file: str
     edits: tuple[tuple[str, str], ...]
     why: str
-    machine: str = "layer cache"  # the machine that must kill it: layer cache, cache operations, session, prefix store
+    machine: str = "layer cache"  # which kills it: layer cache, cache operations, session, prefix store, paged
     undeclared: tuple[str, ...] = ()  # capabilities its adapter no longer declares
     factory: str = "make_adapter"  # the adapter factory of impl/conformance.py it runs behind
 
@@ -303,6 +303,46 @@ MUTANTS = (
     Mutant("storage_float16_rounded_as_bfloat16", "storage.py",
            (('"float16": np.float16,', '"float16": ml_dtypes.bfloat16,'),),
            "declares float16 storage, but rounds to bfloat16 (3 bits fewer)", factory="make_float16_adapter"),
+    # -- paged caches (#10) --
+    Mutant("paged_hash_without_parent", "paged_cache.py",
+           (("            digest = hashlib.sha256(parent)\n", "            digest = hashlib.sha256()\n"),),
+           "a block's hash leaves out its parent: equal blocks after different prefixes are shared", "paged"),
+    Mutant("paged_hash_without_scope", "paged_cache.py",
+           (('for key, value in (("scope", scope), ("signature", signature))',
+             'for key, value in (("signature", signature),)'),),
+           "the block hash leaves out the scope although the policy declares it: scopes share blocks", "paged"),
+    Mutant("paged_signature_without_weights", "paged_cache.py",
+           (("        signature = computation_signature(model)\n",
+             "        signature = repr((model.positions, model.window, Geometry.of(model)))\n"),),
+           "the computation signature leaves out the weights: rows of other or older weights are reused", "paged"),
+    Mutant("paged_partial_block_registered", "paged_cache.py",
+           (("        full = len(held.tokens) // self.block_size\n        chain = ",
+             "        full = -(-len(held.tokens) // self.block_size)\n        chain = "),),
+           "registers the partial last block for sharing, as if it were full", "paged"),
+    Mutant("paged_copy_on_write_missing", "paged_cache.py",
+           (("        return index if self._references[block] > 1 or block in self._hash_of else None\n",
+             "        return None\n"),),
+           "an append writes into a shared or registered block instead of copying it first", "paged"),
+    Mutant("paged_reference_leaked_on_free", "paged_cache.py",
+           (("        del self._sequences[sequence]\n        self._release_all(held.table)\n",
+             "        del self._sequences[sequence]\n        self._release_all(held.table[1:])\n"),),
+           "free releases every block but the first: its reference count never drops", "paged"),
+    Mutant("paged_referenced_block_evicted", "paged_cache.py",
+           (("list(self._cached)[:count - len(self._free)]", "list(self._hash_of)[:count - len(self._free)]"),
+            ("                del self._cached[block]\n", "                self._cached.pop(block, None)\n")),
+           "eviction takes the oldest registered blocks, referenced or not", "paged"),
+    Mutant("paged_last_token_not_recomputed", "paged_cache.py",
+           (("limit = (len(tokens) - 1) // self.block_size  # the last token is always recomputed",
+             "limit = len(tokens) // self.block_size"),),
+           "a full hit reuses every block: no token is left to compute the last logits from", "paged"),
+    Mutant("paged_fork_aliases_partial_block", "paged_cache.py",
+           (("        full = len(held.tokens) // self.block_size\n        needed = len(held.table) - full\n",
+             "        full = len(held.table)\n        needed = 0\n"),),
+           "a fork shares the parent's partial block, which both then write into", "paged"),
+    Mutant("paged_lru_evicts_everything", "paged_cache.py",
+           (('victims = list(self._cached) if self.eviction == "all_at_once" else',
+             "victims = list(self._cached) if True else"),),
+           "declares LRU eviction, but evicts every cached block when short", "paged"),
 )
 
 
@@ -357,6 +397,8 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
                 for style, grouped in FAMILIES]
     if mutant.machine == "session":
         return [("session", "session", {})]
+    if mutant.machine == "paged":
+        return [("paged", "paged", {})]
     if mutant.machine == "cache operations":
         return [(f"operations/{'window' if windowed else 'full'}", "cache_operations",
                  {"style": "half_split", "grouped": None, "windowed": windowed}) for windowed in (False, True)]

@@ -15,6 +15,7 @@ from examples.minimal_adapter import make_adapter as minimal_adapter
 from impl.conformance import ReferenceAdapter
 from oracle import AttentionWeights, DecoderConfig, RopeConfig
 from properties import replay, selection, trace
+from properties.runner import MACHINES
 from properties.strategies import LayerConfig
 from tests.mutants import MUTANTS, build
 
@@ -103,7 +104,7 @@ def test_a_mutant_trace_fails_the_mutant_at_the_recorded_step_and_passes_the_ref
 
 
 def test_the_corpus_holds_a_trace_of_every_machine() -> None:
-    assert {trace.load(p)["machine"] for p in CORPUS} == {"layer_cache", "session", "prefix_store", "cache_operations"}
+    assert {trace.load(p)["machine"] for p in CORPUS} == set(MACHINES)
 
 
 def test_replay_needs_what_the_trace_needs() -> None:

@@ -1,0 +1,13 @@
+"""docs/spec.md §14: a paged cache with prefix sharing, driven at random over many sequences, equals full
+recomputation after every step, keeps its accounting, shares only equal prefixes and reuses what the
+declared rules say it must."""
+
+from __future__ import annotations
+
+from properties.paged_protocol import PAGED_PREFIX_SHARING
+from properties.runner import PropertyRun
+
+
+def test_paged_cache_conforms(conformance: PropertyRun) -> None:
+    conformance.require(PAGED_PREFIX_SHARING)
+    conformance.run("paged")

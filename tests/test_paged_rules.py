@@ -1,0 +1,94 @@
+"""The paged sharing rules as properties/paged_rules.py states them (docs/spec.md §14.3-14.6), on examples."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from properties.paged_protocol import PagedPolicy, PolicyError
+from properties.paged_rules import (
+    blocks_needed,
+    chain_keys,
+    eviction_problem,
+    expected_hit,
+    fits,
+    hit_limit,
+    same_prefix,
+)
+
+REFERENCE = PagedPolicy()
+TRANSFORMERS = PagedPolicy(frozenset(), "all_at_once", "before_last_token", truncate=False)
+
+
+def test_a_block_is_its_whole_prefix_under_the_declared_keys() -> None:
+    keys = chain_keys([1, 2, 3, 4, 5], "app", "w", REFERENCE, 2)
+    assert [tokens for _, tokens in keys] == [(1, 2), (1, 2, 3, 4)]  # full blocks only
+    assert keys[0][0] == (("scope", "app"), ("signature", "w"))
+    assert chain_keys([1, 2], "app", "w", TRANSFORMERS, 2)[0][0] == ()
+    assert chain_keys([1, 2], "app", "w", REFERENCE, 2) != chain_keys([1, 2], "other", "w", REFERENCE, 2)
+    assert chain_keys([1, 2], "app", "w", TRANSFORMERS, 2) == chain_keys([1, 2], "other", "v", TRANSFORMERS, 2)
+
+
+def test_hit_limits() -> None:
+    assert [hit_limit(REFERENCE, n, 2) for n in (1, 2, 3, 4, 5)] == [0, 0, 1, 1, 2]  # (len - 1) // bs
+    last_full = PagedPolicy(hit_limit="before_last_full_block")
+    assert [hit_limit(last_full, n, 2) for n in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 1]  # len // bs - 1
+
+
+def test_an_add_reuses_the_longest_registered_run_from_the_start() -> None:
+    registered = {key: block for key, block in zip(chain_keys([1, 2, 3, 4, 5, 6], "app", "w", REFERENCE, 2),
+                                                   (7, 8, 9))}
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "app", "w", REFERENCE, 2) == [7, 8, 9]
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6], "app", "w", REFERENCE, 2) == [7, 8]  # last token recomputed
+    assert expected_hit(registered, [1, 2, 0, 4, 5, 6, 0], "app", "w", REFERENCE, 2) == [7]  # parent differs after
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "other", "w", REFERENCE, 2) == []
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "app", "v", REFERENCE, 2) == []
+
+
+def test_blocks_an_operation_takes() -> None:
+    assert blocks_needed("add", 5, 2, hit=1) == 2
+    assert blocks_needed("append", 3, 2, new_tokens=1) == 0  # fills the partial block
+    assert blocks_needed("append", 3, 2, new_tokens=1, last_block_shared_or_registered=True) == 1  # copy first
+    assert blocks_needed("append", 4, 2, new_tokens=1, last_block_shared_or_registered=True) == 1  # a new block
+    assert blocks_needed("fork", 4, 2) == 0 and blocks_needed("fork", 5, 2) == 1
+    assert blocks_needed("truncate", 5, 2) == blocks_needed("free", 5, 2) == 0
+    assert fits(2, 1, {3, 4}, {3}) and not fits(3, 1, {3, 4}, {3})  # a block the add reuses is not evictable
+
+
+def test_eviction_under_each_policy() -> None:
+    cached = {1: 0, 2: 0, 3: 5}  # 1 and 2 cached by one call, 3 later
+    assert eviction_problem(REFERENCE, 2, 1, cached, set(), {1}) is None
+    assert eviction_problem(REFERENCE, 2, 1, cached, set(), {2}) is None  # ties: either
+    assert "cached after" in str(eviction_problem(REFERENCE, 2, 1, cached, set(), {3}))
+    assert "exactly the shortfall" in str(eviction_problem(REFERENCE, 2, 1, cached, set(), {1, 2, 3}))
+    assert "exactly the shortfall" in str(eviction_problem(REFERENCE, 1, 1, cached, set(), {1}))
+    assert eviction_problem(TRANSFORMERS, 2, 1, cached, set(), {1, 2, 3}) is None
+    assert "every cached block" in str(eviction_problem(TRANSFORMERS, 2, 1, cached, set(), {1}))
+    assert eviction_problem(TRANSFORMERS, 2, 1, cached, {3}, {1, 2}) is None  # the add reuses 3
+    assert eviction_problem(TRANSFORMERS, 1, 1, cached, set(), set()) is None
+    assert eviction_problem(REFERENCE, 2, 1, cached, set(), set(), maybe={1}) is None  # recomputed in place
+
+
+def test_sound_and_unsound_sharing() -> None:
+    keys = (("scope", "app"),)
+    assert same_prefix([("a", 0, [1, 2, 3, 4], keys), ("b", 0, [1, 2, 3, 9], keys)], 2) is None  # block of rows 0, 1
+    assert "differ" in str(same_prefix([("a", 1, [1, 2, 3, 4], keys), ("b", 1, [1, 2, 3, 9], keys)], 2))
+    assert same_prefix([("a", 1, [1, 2, 3, 4], keys), ("b", 1, [1, 2, 3], keys)], 2) is None  # a truncated holder
+    assert "differ" in str(same_prefix([("a", 1, [1, 2, 3, 4], keys), ("b", 1, [0, 2, 3, 4], keys)], 2))
+    assert "positions" in str(same_prefix([("a", 1, [1, 2, 3, 4], keys), ("b", 0, [3, 4], keys)], 2))
+    assert "other keys" in str(same_prefix([("a", 0, [1, 2], keys), ("b", 0, [1, 2], (("scope", "x"),))], 2))
+
+
+def test_policies_are_read_and_checked() -> None:
+    class Declares:
+        paged_policy: ClassVar[dict[str, object]] = {"hash_keys": [], "eviction": "all_at_once", "truncate": False}
+
+    assert PagedPolicy.of(Declares()) == TRANSFORMERS
+    assert PagedPolicy.of(object()) == REFERENCE
+    for bad in ({"hash_keys": ["lora"]}, {"eviction": "fifo"}, {"hit_limit": 3}, {"colour": 1}, {"truncate": 1},
+                {"hash_keys": "scope"}):
+        Declares.paged_policy = bad
+        try:
+            PagedPolicy.of(Declares())
+        except PolicyError:
+            continue
+        raise AssertionError(f"accepted {bad}")
