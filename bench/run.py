@@ -25,6 +25,13 @@
   (default profile, one process, its database emptied first) until it
   stops at the first failure -- with the regression corpus (run first) and
   with the machines alone (``-k "not test_trace_replays"``); median, worst.
+- operations: spec §13 on the reference at length 2,048 (H 8, dh 64, D 512):
+  truncating 4 drafted rows and re-appending 4 against recomputing the
+  prefix; reordering 8 beams against one copy of both buffers; a window
+  step at steady state against a plain step over as many rows.
+- storage: the quantized reference adapters (fp8 per-tensor frozen, int8
+  per-channel recomputed, float16) on 400 random layers: error / the
+  storage rule's tolerance, error / (k x naive), and the floor it takes.
 - traces: every trace of ``tests/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
@@ -81,12 +88,11 @@ def bench_step() -> None:
 
         def step() -> None:
             layer.forward_incremental(row, cache)
-            cache._length -= 1  # benchmark only: rewind so every repeat runs at this length
-            cache._next_position -= 1
+            cache.truncate(length)  # rewind so every repeat runs at this length
 
         step_s = median_seconds(step, 60)
         full_s = median_seconds(lambda: layer.forward_full(x[:, :length + 1]), 3 if length >= 2048 else 7)
-        keys, values, _ = cache._prefix()
+        keys, values, _ = cache.held_rows()
         key_copy, value_copy = np.empty_like(keys), np.empty_like(values)
 
         def copy() -> None:
@@ -322,9 +328,139 @@ def bench_store() -> None:
         print(f"{cut:>6} {seconds * 1e3:9.1f} {result.rows_computed:>6} {result.full_rows:>9}")
 
 
+
+
+def _bench_layer(longest: int, seed: int = 0) -> tuple[AttentionLayer, np.ndarray]:
+    heads, head_width, model_width = 8, 64, 512
+    rng = np.random.default_rng(seed)
+    scale = 1 / np.sqrt(model_width)
+    layer = AttentionLayer.from_arrays(*(rng.uniform(-scale, scale, (model_width, model_width)) for _ in range(4)),
+                                       heads=heads, kv_heads=heads,
+                                       rope=RopeConfig("half_split", 10000.0, head_width, longest + 64))
+    return layer, rng.uniform(-1, 1, (8, longest + 64, model_width))
+
+
+def bench_operations() -> None:
+    """spec §13's operations on the reference, B 1 (reorder: B 8), H 8, dh 64, D 512, at length 2048."""
+    length, drafted = 2048, 4
+    layer, x = _bench_layer(length)
+    print(f"cache operations, reference, H 8, dh 64, D 512, length {length} (medians; numpy's BLAS threads as "
+          f"set by OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})")
+    cache = LayerKvCache(layer, 1, length + 64)
+    layer.forward_chunk(x[:1, :length], cache)
+
+    def rollback() -> None:  # speculative decoding: reject the 4 drafted rows, append 4 others
+        cache.truncate(length - drafted)
+        layer.forward_chunk(x[:1, length - drafted:length], cache)
+
+    rollback_s = median_seconds(rollback, 30)
+    recompute_s = median_seconds(lambda: layer.forward_full(x[:1, :length]), 3)
+    print(f"  truncate {drafted} + re-append {drafted} as a chunk: {rollback_s * 1e3:8.2f} ms; recompute the "
+          f"prefix: {recompute_s * 1e3:8.1f} ms; ratio {recompute_s / rollback_s:6.0f}x")
+    beams = LayerKvCache(layer, 8, length)
+    layer.forward_chunk(x[:, :length], beams)
+    order = np.array([3, 3, 0, 1, 7, 2, 2, 5])
+    reorder_s = median_seconds(lambda: beams.reorder(order), 30)
+    keys, values = beams.key_storage, beams.value_storage
+    key_copy, value_copy = np.empty_like(keys), np.empty_like(values)
+
+    def copy() -> None:
+        np.copyto(key_copy, keys)
+        np.copyto(value_copy, values)
+
+    copy_s = median_seconds(copy, 30)
+    fork_s = median_seconds(beams.fork, 30)
+    print(f"  reorder B 8 (gather in place): {reorder_s * 1e3:8.2f} ms; one copy of both buffers: "
+          f"{copy_s * 1e3:8.2f} ms; reorder / copy {reorder_s / copy_s:5.2f}; fork: {fork_s * 1e3:8.2f} ms")
+    window = 1024
+    ringed = LayerKvCache(layer, 1, length + 64, window=window)
+    plain = LayerKvCache(layer, 1, length + 64)
+    layer.forward_chunk(x[:1, :length], ringed)  # wrapped: steady state, every step evicts one row
+    layer.forward_chunk(x[:1, :window], plain)
+    row = x[:1, length:length + 1]
+
+    def window_step() -> None:
+        layer.forward_incremental(row, ringed)
+        ringed.truncate(length)
+
+    def plain_step() -> None:
+        layer.forward_incremental(row, plain)
+        plain.truncate(window)
+
+    window_s, plain_s = median_seconds(window_step, 60), median_seconds(plain_step, 60)
+    print(f"  window {window} step at steady state (ring wrapped): {window_s * 1e3:7.3f} ms; a plain step over "
+          f"{window} rows: {plain_s * 1e3:7.3f} ms; window / plain {window_s / plain_s:5.2f}")
+
+
+def bench_storage() -> None:
+    """The storage rule's budget (spec §13.6), measured on the reference's quantized adapters: each step's
+    output and cached rows against k x the naive stored computation's error + a floor of format units."""
+    from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter
+    from oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
+    from properties.tolerance import ABSOLUTE, FACTOR, STORAGE_FLOOR_UNITS, Judge
+
+    floors = (0.0, 0.5, STORAGE_FLOOR_UNITS)
+    for make in (make_fp8_adapter, make_int8_adapter, make_float16_adapter):
+        adapter, rng = make(), np.random.default_rng(0)
+        storage = Judge.for_adapter(adapter, FLOAT64).storage
+        assert storage is not None
+        ratios: dict[str, dict[float, list[float]]] = {"output": {f: [] for f in floors},
+                                                       "rows": {f: [] for f in floors}}
+        quantized = tensors = 0
+        for _ in range(400):
+            heads, dh, width, length = (int(v) for v in (rng.integers(1, 5), 2 * rng.integers(1, 5),
+                                                         rng.integers(1, 9), rng.integers(1, 9)))
+            shapes = [(width, heads * dh)] * 3 + [(heads * dh, width)]
+            weights = AttentionWeights(*(rng.uniform(-1, 1, shape) for shape in shapes), heads=heads, kv_heads=heads)
+            rope = RopeConfig("half_split", float(rng.choice([10.0, 1e4])), dh, 64)
+            x = rng.uniform(-1, 1, (int(rng.integers(1, 4)), length, width))
+            first = full_prefix_attention(x[:, :1], weights, rope)
+            calibration = (first.keys, first.values) if storage.update == "frozen" else (None, None)
+            if storage.update == "frozen":  # as the machine draws them: within the frozen scale's range
+                limits = [storage.scale_of(c) * storage.largest for c in calibration]  # type: ignore[arg-type]
+                for t in range(1, length):
+                    rows = full_prefix_attention(x[:, :t + 1], weights, rope)
+                    over = max(float(np.max(np.abs(getattr(rows, n)[:, :, t:]) / limit))
+                               for n, limit in zip(("keys", "values"), limits))
+                    if over > 0.99:
+                        x[:, t] *= 0.99 / over
+            layer = adapter.create_layer(weights, rope)
+            cache = adapter.create_cache(layer, x.shape[0], 64)
+            outputs = [adapter.step(layer, cache, x[:, t:t + 1].copy())[:, 0] for t in range(length)]
+            stored = adapter.snapshot(cache)
+
+            def held(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                return storage.stored(keys, calibration[0]), storage.stored(values, calibration[1])
+
+            truth = full_prefix_attention(x, weights, rope)
+            naive = full_prefix_attention(x, weights, rope, storage=held)
+            for t, output in enumerate(outputs):
+                error = float(np.abs(output - truth.outputs[:, t]).max())
+                budget = FACTOR * float(np.abs(naive.outputs[:, t] - truth.outputs[:, t]).max()) + ABSOLUTE
+                unit = storage.unit * max(1.0, float(np.abs(truth.outputs[:, t]).max()))
+                for floor in floors:
+                    ratios["output"][floor].append(error / (budget + floor * unit))
+            for name in ("keys", "values"):
+                exact, got, naive_rows = getattr(truth, name), getattr(stored, name), getattr(naive, name)
+                steps = storage.steps(exact, calibration[name == "values"])
+                tensors, quantized = tensors + 1, quantized + int(np.any(naive_rows != exact))
+                error, budget = np.abs(got - exact), FACTOR * np.abs(naive_rows - exact) + ABSOLUTE
+                for floor in floors:
+                    ratios["rows"][floor].append(float((error / (budget + floor * steps)).max()))
+        print(f"{adapter.name}: {len(ratios['output'][0.0])} steps on 400 random layers ({quantized} of {tensors} "
+              f"cached tensors differ from the exact rows); one unit: {storage.unit:.3g}"
+              + (" of the scale's amax" if storage.format.startswith("int") else " relative (an ulp at 1)"))
+        for what, by_floor in ratios.items():
+            cells = []
+            for floor, values in by_floor.items():
+                array = np.array(values)
+                cells.append(f"+ {floor:g} units: max {array.max():.3f}, over 1 in {int((array > 1).sum())}")
+            print(f"  {what:6} error / ({FACTOR:g} x naive " + "; ".join(cells))
+
+
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
-           "mixed": bench_mixed, "traces": bench_traces}
+           "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage}
 
 
 def main() -> None:
