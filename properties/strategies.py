@@ -318,8 +318,8 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunke
             value, kinds = float(values.ravel()[0]) if values.size else 0.5, {ErrorKind.DTYPE}
         elif form == "numpy float64 scalar":
             value, kinds = np.float64(values.ravel()[0] if values.size else 0.5), {ErrorKind.DTYPE}
-        elif form.startswith(("int", "uint")):
-            value = np.asarray(np.rint(values), dtype=form)
+        elif form.startswith(("int", "uint")):  # unsigned: of |values|, so that nothing wraps out of range
+            value = np.asarray(np.rint(np.abs(values) if form.startswith("uint") else values), dtype=form)
         elif form == "bool":
             value = np.asarray(values > 0)
         else:

@@ -511,3 +511,118 @@ def test_layer_configs_stay_within_declared_limits(data: st.DataObject) -> None:
     assert config.batch_size <= limits.max_batch and config.capacity <= limits.max_capacity  # type: ignore[operator]
     if limits.model_width_is_heads_times_head_width:
         assert w.model_width == w.heads * w.head_width
+
+
+# -- the cache operations' arguments (docs/spec.md §13) -----------------------------------------------------
+
+@FAST
+@given(st.integers(1, s.MAX_BATCH), st.integers(1, s.MAX_MODEL_WIDTH), st.data())
+def test_malformed_chunks_have_exactly_the_problems_they_name(batch: int, width: int, data: st.DataObject) -> None:
+    bad = data.draw(s.malformed_rows(batch, width, chunked=True))
+    if isinstance(bad.value, np.ndarray) and bad.value.ndim == 3:
+        assert (bad.value.shape[1] == 0) == ("token_count" in bad.problems)  # any T >= 1 is a valid chunk
+        assert bad.value.shape[1] <= 3
+
+
+def test_malformed_chunks_reach_zero_tokens_and_valid_lengths() -> None:
+    seen: set[tuple[int, bool]] = set()
+
+    @settings(max_examples=300, database=None)
+    @given(s.malformed_rows(2, 3, chunked=True))
+    def collect(bad: s.MalformedRow) -> None:
+        if isinstance(bad.value, np.ndarray) and bad.value.ndim == 3:
+            seen.add((bad.value.shape[1], "token_count" in bad.problems))
+
+    collect()
+    assert (0, True) in seen and {(1, False), (2, False), (3, False)} <= seen
+
+
+def _valid_length(value: object, length: int) -> bool:
+    return type(value) is int and 0 <= value <= length
+
+
+@FAST
+@given(st.integers(0, 8), st.one_of(st.none(), st.integers(1, 3)), st.data())
+def test_truncation_lengths_are_valid_exactly_when_they_say_so(length: int, window: int | None,
+                                                                data: st.DataObject) -> None:
+    n = data.draw(s.truncation_lengths(length, window))
+    assert _valid_length(n.value, length) == (n.kind is None)
+
+
+def test_truncation_lengths_reach_every_edge_and_every_invalid_form() -> None:
+    length, window = 6, 2
+    seen: set[object] = set()
+
+    @settings(max_examples=400, database=None)
+    @given(s.truncation_lengths(length, window))
+    def collect(n: s.Argument) -> None:
+        seen.add(repr(n.value))
+
+    collect()
+    edges = {0, length, length - 1, length - window - 1, length - window, length - window + 1}
+    assert {repr(e) for e in edges} <= seen
+    assert {"-1", repr(length + 1), repr(float(length)), "True", repr(str(length))} <= seen
+
+
+@FAST
+@given(st.integers(1, s.MAX_BATCH), st.data())
+def test_batch_indices_are_valid_exactly_when_they_say_so(batch: int, data: st.DataObject) -> None:
+    indices = data.draw(s.batch_indices(batch))
+    array = np.asarray(indices.value)
+    valid = (array.dtype.kind in "iu" and array.shape == (batch,) and bool(np.all((array >= 0) & (array < batch)))
+             and not (isinstance(indices.value, list) and any(isinstance(i, bool) for i in indices.value)))
+    assert valid == (indices.kind is None), indices.description
+
+
+def test_batch_indices_reach_repeats_drops_and_every_problem() -> None:
+    seen: set[str] = set()
+
+    @settings(max_examples=400, database=None)
+    @given(s.batch_indices(3))
+    def collect(indices: s.Argument) -> None:
+        if indices.kind is None:
+            values = list(np.asarray(indices.value))
+            seen.add("repeat" if len(set(values)) < 3 else "permutation")
+            seen.add("list" if isinstance(indices.value, list) else "array")
+        else:
+            seen.add(indices.description.rsplit("(", 1)[1].rstrip(")"))
+
+    collect()
+    assert seen >= {"repeat", "permutation", "list", "array", "negative", "too large", "too many", "too few",
+                    "floats", "bools"}
+
+
+@pytest.mark.slow
+def test_windowed_runs_cross_the_window_edge_evict_and_truncate_around_it() -> None:
+    """The windowed machine's programs reach len = W - 1, W, W + 1 and beyond, truncate where rows were
+    evicted (refused) and where they were not, and truncate after a reset."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from impl.conformance import make_adapter
+    from properties import profiles
+    from properties.cache_operations import CacheOperationsMachine
+
+    offsets: set[int] = set()
+    truncations: set[str] = set()
+
+    class Watching(CacheOperationsMachine):
+        def __init__(self) -> None:
+            super().__init__(make_adapter(), style="half_split", windowed=True)
+
+        def check_invariants(self, *args: object, **kwargs: object) -> None:
+            if self.window is not None:
+                offsets.add(len(self.rows) - self.window)
+            super().check_invariants(*args, **kwargs)  # type: ignore[arg-type]
+
+        def teardown(self) -> None:
+            steps = [step.rule for step in self.tape.steps]
+            for i, step in enumerate(self.tape.steps):
+                if step.rule == "truncate":
+                    truncations.add("after reset" if "reset" in steps[:i] else "before any reset")
+                    truncations.update(e.get("result", "") for e in step.expected if isinstance(e, dict))
+            super().teardown()
+
+    run_state_machine_as_test(Watching, settings=profiles.settings_for("ci", database=None))
+    assert {-1, 0, 1, 2} <= offsets
+    assert "after reset" in truncations
+    assert any("evicted" in t for t in truncations) and "success" in truncations
