@@ -145,7 +145,7 @@ class AttentionLayer:
             _require_finite(NonFiniteKeyValue, "projected key", key)
             _require_finite(NonFiniteKeyValue, "projected value", value)
             _require_finite(NonFiniteAttention, "rotated query", query)
-            stored_keys, stored_values, stored_positions = cache.held_rows()  # [B, KV, n, dh], [n]
+            stored_keys, stored_values, stored_positions = cache.held_rows(oldest_first=False)  # [B, KV, n, dh]
             mixed = _attend(query, key, value, positions, stored_keys, stored_values, stored_positions,
                             window=cache.window)  # [B, T, H*dh]
             output = mixed @ self.wo.value  # [B, T, D]

@@ -213,17 +213,22 @@ class LayerKvCache:
         if not self._rope.same_as(layer.rope):
             raise CacheRopeMismatch(cache=self._rope, layer=layer.rope)
 
-    def held_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def held_rows(self, *, oldest_first: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The held keys and values ``[B, KV, n, dh]`` and their positions ``[n]``, oldest first.
 
         Read-only views (no copies) while the held rows are contiguous in the
-        buffers; a gather of at most ``slots`` rows once a window wraps around.
+        buffers; a gather of at most ``slots`` rows once a window wraps around,
+        unless ``oldest_first`` is False and every slot holds a row (a window's
+        steady state): then the whole ring, in slot order, as views -- attention
+        masks by position and does not need the order.
         For layers computing a step; ``keys()``/``values()`` return copies.
         """
         if self._first_held == 0 and self._length <= self.slots:
             held = slice(0, self._length)
             return (_read_only(self._keys[:, :, held]), _read_only(self._values[:, :, held]),
                     _read_only(self._positions[held]))
+        if not oldest_first and self._length - self._first_held == self.slots:
+            return _read_only(self._keys), _read_only(self._values), _read_only(self._positions)
         slots = self._held_slots()
         return self._keys[:, :, slots], self._values[:, :, slots], self._positions[slots]
 
