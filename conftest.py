@@ -8,7 +8,9 @@ resolves them here, once. ``--kv-traces`` is where counterexample traces go,
 ``--kv-regressions`` adds trace corpora to replay, ``--kv-call-timeout``
 bounds every call into the implementation, ``--kv-report`` writes the
 conformance report, ``--kv-xfails`` baselines known failures
-(``properties/known_failures.py``).
+(``properties/known_failures.py``), ``--kv-db redis://HOST:PORT/N`` (or
+``KVCACHE_DB``) replays a shared example database first, read-only
+(docs/campaigns.md).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from properties import known_failures, profiles, selection, verdict
+from properties import databases, known_failures, profiles, selection, verdict
 from properties.protocol import LayerLimits
 from properties.report import ConformanceReport, examples_from_statistics
 from properties.runner import MACHINES, PropertyRun, failure_kind
@@ -51,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(known_failures.OPTION, default=None, metavar="FILE",
                     help="known failures: one 'PROPERTY [:: RULE]  # REASON' a line; a property is expected to "
                          "fail (strict xfail), or a rule of its machine is left out (docs/adapters.md)")
+    group.addoption(databases.SHARED_OPTION, default=None, metavar="redis://HOST:PORT/N",
+                    help=f"replay the counterexamples of a shared Redis example database first, reading it only; "
+                         f"this run's own go to the local one (default: ${databases.SHARED_ENV_VAR}; "
+                         f"needs the extra 'campaign'; docs/campaigns.md)")
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
@@ -59,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
         adapter = selection.configure(config.getoption(selection.OPTION), config.getoption("--oracle"))
     except selection.AdapterLoadError as error:
         raise pytest.UsageError(str(error)) from None
-    profiles.register(DATABASE_ROOT, selection.database_key(adapter))
+    profiles.register(DATABASE_ROOT, selection.database_key(adapter), shared=_shared_database(config, adapter))
     profiles.load()
     verdict.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
     xfails = config.getoption(known_failures.OPTION)
@@ -75,6 +81,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),
                                       "kvcache-report")
+
+
+def _shared_database(config: pytest.Config, adapter: object) -> databases.SharedExamples | None:
+    """``--kv-db``: the shared database, opened once per process; refused under a derandomised profile."""
+    url = databases.shared_url(config.getoption(databases.SHARED_OPTION))
+    if url is None:
+        return None
+    problem = profiles.shared_database_problem(profiles.load())
+    if problem:
+        raise pytest.UsageError(problem)
+    try:
+        return databases.open_shared(url, databases.SharedScope.of(adapter, selection.oracle_name()))
+    except databases.SharedDatabaseError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,6 +3,10 @@
 - ``dev`` (the default): quick feedback while developing.
 - ``ci``: derandomised, so it never flakes, and without deadlines.
 - ``thorough``: many examples and long programs, for a nightly or a release.
+- ``replay``: only the saved examples, nothing drawn at random: the ``ci``
+  profile's companion pass over a shared database (``--kv-db``), since
+  Hypothesis refuses a database under ``derandomize=True``. A property with
+  nothing saved is skipped ("told to run no test cases").
 
 No profile has a deadline: a machine's run time grows with its program, and
 these machines are shared and noisy.
@@ -14,7 +18,9 @@ import os
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from .databases import SHARED_OPTION, SharedExamples, SuiteDatabase
 
 ENV_VAR = "HYPOTHESIS_PROFILE"
 DEFAULT = "dev"
@@ -25,22 +31,37 @@ DEFAULT = "dev"
 # often more than all the generated examples together.
 _SEARCH = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 _VERDICT = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+_REPLAY = (Phase.explicit, Phase.reuse)  # a shared example is already shrunk
 PROFILES: dict[str, dict[str, object]] = {
     "dev": {"max_examples": 100, "stateful_step_count": 30, "phases": _VERDICT},
     "ci": {"max_examples": 100, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
            "phases": _VERDICT},
     "thorough": {"max_examples": 1000, "stateful_step_count": 80, "phases": _SEARCH},
+    "replay": {"max_examples": 100, "stateful_step_count": 30, "phases": _REPLAY},
 }
 _COMMON: dict[str, object] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
 
-def register(database_root: Path | None = None, implementation: str | None = None) -> None:
-    """(Re-)register every profile; examples go to one database per implementation."""
+def register(database_root: Path | None = None, implementation: str | None = None,
+             shared: SharedExamples | None = None, role: str = "read") -> None:
+    """(Re-)register every profile; examples go to one database per implementation, beside the
+    ``shared`` one in ``role`` if given (``databases.SuiteDatabase``)."""
     for name, values in PROFILES.items():
-        database = None
+        database: ExampleDatabase | None = None
         if database_root is not None and implementation is not None and not values.get("derandomize"):
             database = DirectoryBasedExampleDatabase(str(database_root / implementation))
+            if shared is not None:
+                database = SuiteDatabase(None if role == "prune" else database, shared, role)
         settings.register_profile(name, **_COMMON, **values, database=database)  # type: ignore[arg-type]
+
+
+def shared_database_problem(name: str) -> str | None:
+    """Why profile ``name`` cannot read a shared database, if it cannot."""
+    if not PROFILES.get(name, {}).get("derandomize"):
+        return None
+    return (f"{SHARED_OPTION}: the {name} profile is derandomised, and Hypothesis refuses an example database under "
+            f"derandomize=True. Replay the shared counterexamples in a pass of their own, which draws nothing at "
+            f"random: pytest properties --hypothesis-profile replay {SHARED_OPTION} URL (docs/campaigns.md)")
 
 
 def settings_for(name: str, **overrides: object) -> settings:
