@@ -19,9 +19,10 @@ import numpy as np
 
 from oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
-__all__ = ["CLAIMED_BY", "VALIDATIONS", "AttentionWeights", "BlockState", "CacheOperations", "CacheSnapshot",
-           "Capability", "DecoderAdapter", "DecoderConfig", "DecoderWeights", "ErrorKind", "KvCacheAdapter",
-           "LayerLimits", "RopeConfig", "StoreEntry", "StoreResult", "declared"]
+__all__ = ["CLAIMED_BY", "LAYER_CONVENTIONS", "METHODS_OF", "VALIDATIONS", "AttentionWeights", "BlockState",
+           "CacheOperations", "CacheSnapshot", "Capability", "DecoderAdapter", "DecoderConfig", "DecoderWeights",
+           "ErrorKind", "KvCacheAdapter", "LayerLimits", "RopeConfig", "StoreEntry", "StoreResult", "declared",
+           "required_methods"]
 
 
 class ErrorKind(str, Enum):
@@ -122,6 +123,36 @@ _IMPLIES = {
     Capability.INPUT_VALIDATION.value: {c.value for c in _SHORTHAND_VALIDATIONS},
     Capability.RESET_KEEPS_BYTES.value: {Capability.RESET_KEEPS_BUFFERS.value},
 }
+
+
+# An adapter declaring one of these drives layer caches (and has KvCacheAdapter's methods); one declaring none
+# drives only a decoder, a store or a paged pool.
+LAYER_CONVENTIONS = frozenset({Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value,
+                               Capability.POSITIONLESS.value})
+# The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
+METHODS_OF = {
+    "layer caches": ("create_layer", "recreate_layer", "with_rope", "update_weights", "create_cache", "step", "reset",
+                     "snapshot"),
+    Capability.CHUNKED_APPEND.value: ("append",), Capability.TRUNCATE.value: ("truncate",),
+    Capability.BATCH_REORDER.value: ("reorder",), Capability.FORK.value: ("fork",),
+    Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
+                                      "reset_session", "session_state"),
+    Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
+                                    "store_query", "store_entries"),
+    Capability.PAGED_PREFIX_SHARING.value: ("create_decoder", "update_block_weights", "create_pool", "paged_add",
+                                            "paged_append", "paged_fork", "paged_truncate", "paged_free",
+                                            "paged_rows", "paged_state"),
+}
+
+
+def required_methods(capabilities: Any) -> list[str]:
+    """The methods an adapter declaring ``capabilities`` must have, in a stable order."""
+    names = declared(capabilities)
+    wanted = ["error_kind"]
+    groups = (["layer caches"] if names & LAYER_CONVENTIONS else []) + sorted(names & set(METHODS_OF))
+    for group in groups:
+        wanted += [method for method in METHODS_OF[group] if method not in wanted]
+    return wanted
 
 
 def declared(capabilities: Any) -> frozenset[str]:

@@ -15,16 +15,14 @@ import re
 
 from oracle import FLOAT64, NumberSystem, mpmath_precision
 
-from .protocol import Capability, KvCacheAdapter, LayerLimits, declared
-from .tolerance import DTYPES, declared_precision
+from .protocol import Capability, KvCacheAdapter, LayerLimits, declared, required_methods
+from .tolerance import DTYPES, declared_precision, declared_storage
 
 ENV_VAR = "KVCACHE_IMPL"
 OPTION = "--kv-impl"
 DEFAULT_SPEC = "impl.conformance:make_adapter"
 ORACLES = ("float64", "mpmath")
 MPMATH_DIGITS = 40
-_METHODS = ("create_layer", "recreate_layer", "with_rope", "update_weights", "create_cache",
-            "step", "reset", "snapshot", "error_kind")
 
 _selected: tuple[str, KvCacheAdapter] | None = None
 _oracle = "float64"
@@ -56,13 +54,21 @@ def load_adapter(spec: str) -> KvCacheAdapter:
         adapter = factory()
     except Exception as error:
         raise AdapterLoadError(f"{where}: factory {factory_name!r} raised {error!r}") from error
-    missing = [name for name in (*_METHODS, "name", "version", "capabilities") if not hasattr(adapter, name)]
+    missing = [name for name in ("name", "version", "capabilities") if not hasattr(adapter, name)]
     if missing:
         raise AdapterLoadError(f"{where}: the adapter lacks {', '.join(missing)} (see docs/adapters.md)")
     unknown = set(adapter.capabilities) - {c.value for c in Capability}
     if unknown:
         raise AdapterLoadError(f"{where}: unknown capabilities {sorted(unknown)}; "
                                f"known: {sorted(c.value for c in Capability)}")
+    missing = [name for name in required_methods(adapter.capabilities) if not callable(getattr(adapter, name, None))]
+    if missing:
+        raise AdapterLoadError(f"{where}: the adapter lacks {', '.join(missing)}, which what it declares needs "
+                               "(see docs/adapters.md)")
+    try:
+        declared_storage(adapter)
+    except ValueError as error:
+        raise AdapterLoadError(f"{where}: {error}") from error
     dtype = getattr(adapter, "dtype", "float64")
     if dtype not in DTYPES:
         raise AdapterLoadError(f"{where}: dtype {dtype!r} is not one of {DTYPES}")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from oracle import FLOAT64, full_decoder, full_prefix_attention, mpmath_precision, random_decoder_weights
 from properties import selection
 from properties import strategies as s
-from properties.protocol import Capability, LayerLimits, declared
+from properties.protocol import LAYER_CONVENTIONS, Capability, LayerLimits, declared
 from properties.verdict import assert_close, call, expect_success
 
 ORACLE_AGREEMENT = 1e-13
@@ -51,6 +51,8 @@ def test_implementation_agrees_with_mpmath(case: tuple) -> None:
     adapter = selection.selected()
     if Capability.FLOAT64.value not in adapter.capabilities:
         pytest.skip(f"{adapter.name} does not declare float64: the 1e-12 rule does not apply")
+    if not declared(adapter.capabilities) & LAYER_CONVENTIONS:
+        pytest.skip(f"{adapter.name} drives no layer caches (it declares no RoPE pairing and not positionless)")
     config, x = case
     exact = full_prefix_attention(x, config.weights, config.oracle_rope, numbers=MPMATH)
     layer = expect_success(call(adapter, "create a layer",

@@ -98,3 +98,34 @@ def test_a_no_rope_adapter_runs_every_property_that_applies() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "test_layer_cache_conforms[none-mha] PASSED" in result.stdout
     assert "test_implementation_agrees_with_mpmath PASSED" in result.stdout
+
+
+class PagedOnly:
+    """A serving engine's adapter: a paged pool over a decoder, no layer caches."""
+
+    name, version = "test-paged-only", "1"
+    capabilities = frozenset({"float64", "paged_prefix_sharing", "positions_rope"})
+    lacking = frozenset({"create_layer", "step", "snapshot", "create_cache", "truncate"})
+
+    def __getattr__(self, name: str) -> object:
+        from impl.conformance import ReferenceAdapter
+
+        if name in self.lacking:
+            raise AttributeError(name)
+        return getattr(ReferenceAdapter(), name)
+
+
+class DeclaresTruncateWithoutIt(PagedOnly):
+    capabilities = PagedOnly.capabilities | {"truncate"}
+    lacking = frozenset({"truncate"})
+
+
+def test_what_an_adapter_must_have_follows_what_it_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer-cache methods only for an adapter that drives layers; each operation's method only if declared."""
+    module = type(sys)("kv_test_declared_methods")
+    module.paged_only, module.declares_truncate = PagedOnly, DeclaresTruncateWithoutIt  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kv_test_declared_methods", module)
+    assert selection.load_adapter("kv_test_declared_methods:paged_only").name == "test-paged-only"
+    with pytest.raises(selection.AdapterLoadError) as failure:
+        selection.load_adapter("kv_test_declared_methods:declares_truncate")
+    assert "lacks truncate," in str(failure.value)
