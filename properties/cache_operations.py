@@ -70,7 +70,10 @@ class CacheOperationsMachine(LayerCacheMachine):
                                                 min_capacity=WINDOWED_MIN_CAPACITY if self.windowed else 1),
                                 label="config")
         if self.windowed:  # two or more below the capacity where it can be: rows are evicted, then more
-            self.window = data.draw(st.integers(1, max(1, min(MAX_WINDOW, self.config.capacity - 2))),
+            self.need(Capability.SLIDING_WINDOW_LAYER, "a sliding-window cache")  # replaying: stops here if absent
+            smallest = self.limits.min_window or 1
+            self.window = data.draw(st.integers(smallest, max(smallest, min(max(MAX_WINDOW, smallest),
+                                                                            self.config.capacity - 2))),
                                     label="window")
         self.weights = self.config.weights
         self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")

@@ -140,8 +140,8 @@ METHODS_OF = {
     Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
                                     "store_query", "store_entries"),
     Capability.PAGED_PREFIX_SHARING.value: ("create_decoder", "update_block_weights", "create_pool", "paged_add",
-                                            "paged_append", "paged_fork", "paged_truncate", "paged_free",
-                                            "paged_rows", "paged_state"),
+                                            "paged_append", "paged_fork", "paged_free", "paged_rows", "paged_state"),
+    # paged_truncate only where the paged_policy declares truncate (properties/paged_protocol.py)
 }
 
 
@@ -178,6 +178,7 @@ class LayerLimits:
     max_model_width: int | None = None
     max_batch: int | None = None
     max_capacity: int | None = None
+    min_window: int | None = None  # the smallest sliding window a window cache is built with (sliding_window_layer)
 
     @classmethod
     def of(cls, adapter: Any) -> LayerLimits:

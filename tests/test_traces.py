@@ -115,6 +115,18 @@ def test_replay_needs_what_the_trace_needs() -> None:
     assert "gqa" in verdict.message or "rope_half_split" in verdict.message
 
 
+def test_a_windowed_trace_is_not_applicable_without_window_caches() -> None:
+    """Found by the transformers runs: a windowed trace once fed create_cache(window=...) to any adapter."""
+    windowed = [p for p in CORPUS if trace.load(p)["machine"] == "cache_operations"
+                and trace.load(p)["parameters"].get("windowed") is True]
+    assert windowed
+    without = type("NoWindows", (ReferenceAdapter,), {
+        "name": "test-no-windows", "capabilities": ReferenceAdapter.capabilities - {"sliding_window_layer"}})()
+    for path in windowed:
+        verdict = replay.replay(trace.load(path), without, out=lambda line: None)
+        assert verdict.status == "not applicable" and "sliding_window_layer" in verdict.message, verdict.message
+
+
 def test_the_replay_command_exits_by_verdict(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     monkeypatch.setattr(selection, "_selected", selection._selected)  # main() selects; restored afterwards

@@ -1,0 +1,374 @@
+"""Adapters for transformers' cache family, with the operations of docs/spec.md §13 each class really has.
+
+    KVCACHE_IMPL=adapters.hf_caches:dynamic_cache_operations pytest -n 2 properties/test_cache_operations.py
+
+One ``LlamaAttention`` layer in float64 over one transformers cache class or
+layer type. Unlike ``adapters.hf_llama``'s plain adapters, every adapter
+here computes the RoPE table in float64 (``Float64Rotary``): transformers'
+float32 table is finding 1 of docs/hf-transformers/README.md, and would
+otherwise be the first failure of every class, hiding what the caches do.
+
+The glue places tokens and masks, nothing more: RoPE positions and the
+mask's offsets come from the cache itself (``get_seq_length``,
+``get_mask_sizes``, exactly what transformers' own mask builders read), and
+a window's mask is the glue's (``LlamaAttention`` does not apply the window:
+a key at p is visible to a query at q iff q-W < p <= q). Each operation maps
+to the class's own public method: ``truncate(n)`` to ``crop(n - length)``
+(5.24's ``crop`` takes a negative count of rows to remove), ``reorder`` to
+``reorder_cache``, ``fork`` to ``copy.deepcopy``. Snapshots read the rows a
+layer holds -- for the quantized layers, the dequantized stored rows, read
+through the layer's own ``_dequantize``: there is no public accessor.
+
+No adapter claims input validation, non-finite rejection or binding checks:
+transformers has none at this level (those steps are still fed; a call that
+raised must have changed nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import transformers
+from transformers import DynamicCache, EncoderDecoderCache, LlamaConfig, QuantizedCache, StaticCache
+from transformers.cache_utils import Cache, LinearAttentionAndFullAttentionLayer, QuantizedLayer
+
+from .hf_llama import ATTENTION, DTYPE, Float64Rotary, Layer, _attention, _config, _weights_of, _write
+
+CHUNK_HEADROOM = 4  # properties/strategies.py MAX_CHUNK: the most rows one accepted over-capacity call can add
+BASE = frozenset({"rope_half_split", "gqa"})  # "float64" is added by adapters whose storage is float64
+# DynamicSlidingWindowLayer.crop once the window is full and past states are not recorded: rows are gone.
+EVICTED_MESSAGE = "does not track past states, and the sliding window size was already reached"
+
+
+def _positions(end: int, count: int) -> np.ndarray:
+    return np.arange(end - count, end, dtype=np.int64)
+
+
+def _mask(batch: int, new: int, past: int, kv_length: int, kv_offset: int, window: int | None) -> torch.Tensor | None:
+    """Additive mask of ``new`` queries at ``past..`` over ``kv_length`` keys at ``kv_offset..``: q-W < p <= q."""
+    keys = torch.arange(kv_offset, kv_offset + kv_length)[None, :]
+    queries = torch.arange(past, past + new)[:, None]
+    visible = keys <= queries
+    if window is not None:
+        visible &= keys > queries - window
+    if new == 1 and bool(visible.all()):
+        return None  # as hf_llama: sdpa without a mask for one query that sees every key
+    mask = torch.zeros((new, kv_length), dtype=DTYPE).masked_fill(~visible, -torch.inf)
+    return mask.expand(batch, 1, new, kv_length)
+
+
+@dataclass(eq=False)
+class Handle:
+    """The transformers cache and what a snapshot needs before its lazily made tensors exist."""
+
+    hf: Any
+    batch: int
+    kv_heads: int
+    head_width: int
+    window: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    length: int
+    keys: np.ndarray
+    values: np.ndarray
+    positions: np.ndarray
+
+
+class CacheFamilyAdapter:
+    """One ``LlamaAttention`` over a transformers cache; subclasses say which cache and how to read it."""
+
+    version = f"transformers {transformers.__version__}, torch {torch.__version__}, {ATTENTION}, float64 RoPE table"
+    dtype = "float64"
+
+    def __init__(self, name: str, capabilities: set[str]) -> None:
+        self.name = f"hf-{name}"
+        self.capabilities = frozenset(BASE | capabilities)
+
+    # -- layers: as hf_llama's, with the float64 RoPE table ------------------------------------------------
+
+    def create_layer(self, weights: Any, rope: Any) -> Layer:
+        config = _config(weights.heads, weights.kv_heads, weights.wq.shape[1] // weights.heads, rope.base,
+                         rope.max_positions)
+        return Layer(_attention(config, 0, weights), Float64Rotary(config), config, weights.heads, weights.kv_heads)
+
+    def recreate_layer(self, layer: Layer) -> Layer:
+        return Layer(_attention(layer.config, 0, _weights_of(layer.attention, layer.heads, layer.kv_heads)),
+                     Float64Rotary(layer.config), layer.config, layer.heads, layer.kv_heads)
+
+    def with_rope(self, layer: Layer, rope: Any) -> Layer:
+        config = _config(layer.heads, layer.kv_heads, layer.config.head_dim, rope.base, rope.max_positions)
+        return Layer(layer.attention, Float64Rotary(config), config, layer.heads, layer.kv_heads)
+
+    def update_weights(self, layer: Layer, weights: Any) -> None:
+        _write(layer.attention, weights)
+
+    # -- caches ----------------------------------------------------------------------------------------------
+
+    def create_cache(self, layer: Layer, batch_size: int, capacity: int, window: int | None = None) -> Handle:
+        return Handle(self._make(layer.config, capacity, window), batch_size, layer.kv_heads, layer.config.head_dim,
+                      window)
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> Any:
+        raise NotImplementedError
+
+    def _attention_cache(self, handle: Handle) -> Cache:
+        """The cache ``LlamaAttention`` updates (an ``EncoderDecoderCache``'s self-attention part)."""
+        return handle.hf
+
+    def _length(self, handle: Handle) -> int:
+        return int(self._attention_cache(handle).get_seq_length(0))
+
+    def step(self, layer: Layer, cache: Handle, x: np.ndarray) -> np.ndarray:
+        return self._forward(layer, cache, x)
+
+    def append(self, layer: Layer, cache: Handle, x: np.ndarray) -> np.ndarray:
+        """``chunked_append``: every class here takes T rows in one ``update``."""
+        return self._forward(layer, cache, x)
+
+    def _forward(self, layer: Layer, handle: Handle, x: np.ndarray) -> np.ndarray:
+        hidden = torch.from_numpy(x)
+        batch, new = hidden.shape[0], hidden.shape[1]
+        attention_cache = self._attention_cache(handle)
+        past = self._length(handle)
+        kv_length, kv_offset = attention_cache.get_mask_sizes(new, 0)
+        positions = torch.arange(past, past + new)[None].expand(batch, new)
+        with torch.no_grad():
+            cos_sin = layer.rotary(hidden, positions)
+            mask = _mask(batch, new, past, kv_length, kv_offset, handle.window)
+            output, _ = layer.attention(hidden, cos_sin, mask, cache=attention_cache)
+        return output.numpy()
+
+    def reset(self, cache: Handle) -> None:
+        cache.hf.reset()
+
+    def snapshot(self, cache: Handle) -> Snapshot:
+        length = self._length(cache)
+        layers = self._attention_cache(cache).layers
+        held = self._held(layers[0]) if layers and layers[0].is_initialized else None
+        if held is None:
+            empty = np.zeros((cache.batch, cache.kv_heads, 0, cache.head_width))
+            return Snapshot(length, empty, empty.copy(), _positions(length, 0))
+        keys, values = (t.detach().numpy().copy() for t in held)
+        return Snapshot(length, keys, values, _positions(length, keys.shape[2]))
+
+    def _held(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows the layer holds, oldest first, ending at its length (the newest row)."""
+        return layer.keys, layer.values
+
+    def error_kind(self, error: BaseException) -> str | None:
+        return None
+
+
+class TruncateByCrop:
+    """``truncate(n)`` as ``crop(n - length)``; a window layer's refusal to crop past the window is ``evicted``."""
+
+    skip_crop_of_unwritten_layer = False  # the glue's way around DynamicSlidingWindowLayer's AttributeError
+
+    def truncate(self, cache: Handle, n: int) -> None:
+        length = self._length(cache)  # type: ignore[attr-defined]
+        if self.skip_crop_of_unwritten_layer and n == length == 0:
+            return  # truncate(0) of an empty cache is a no-op; the layer's crop would raise AttributeError
+        cache.hf.crop(n - length)
+
+    def error_kind(self, error: BaseException) -> str | None:
+        if isinstance(error, RuntimeError) and EVICTED_MESSAGE in str(error):
+            return "evicted"
+        return None
+
+
+class ReorderAndFork:
+    """``reorder_cache`` (beam search) and ``copy.deepcopy`` (transformers' documented way to copy a cache)."""
+
+    def reorder(self, cache: Handle, indices: Any) -> None:
+        cache.hf.reorder_cache(torch.as_tensor(np.asarray(indices)))
+
+    def fork(self, cache: Handle) -> Handle:
+        return copy.deepcopy(cache)
+
+
+def _windowed_config(config: LlamaConfig, window: int | None) -> LlamaConfig:
+    """The same layer's config, as the ``sliding_attention`` layer type when a window is asked for."""
+    if window is None:
+        return config
+    return LlamaConfig(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                       num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                       num_hidden_layers=1, intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
+                       max_position_embeddings=config.max_position_embeddings, attention_bias=False,
+                       rope_parameters=config.rope_parameters, attn_implementation=ATTENTION, bos_token_id=None,
+                       eos_token_id=None, pad_token_id=None, sliding_window=window, layer_types=["sliding_attention"])
+
+
+# -- DynamicCache: DynamicLayer, and DynamicSlidingWindowLayer with a window ---------------------------------
+
+class DynamicCacheAdapter(TruncateByCrop, ReorderAndFork, CacheFamilyAdapter):
+    """``DynamicCache(config=...)``: a ``DynamicLayer``, or with ``window`` a ``DynamicSlidingWindowLayer``
+    (holding the last W-1 rows; ``crop`` past a full window raises unless past states are recorded).
+
+    ``skip_empty_crop``: truncating an empty cache to 0 does not call ``crop``, whose window layer raises
+    AttributeError when it has never been written (finding 6 of docs/hf-transformers/README.md): the variants
+    that set it judge what that bug would otherwise hide, and say so in their names.
+    """
+
+    def __init__(self, name: str = "dynamic-cache-operations", record_past: bool = False,
+                 skip_empty_crop: bool = False) -> None:
+        super().__init__(name, {"float64", "chunked_append", "truncate", "batch_reorder", "fork",
+                                "sliding_window_layer"})
+        self.record_past, self.skip_crop_of_unwritten_layer = record_past, skip_empty_crop
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> DynamicCache:
+        cache = DynamicCache(config=_windowed_config(config, window))
+        if self.record_past:
+            cache.activate_past_recording()  # the window layer keeps every row until the next crop
+        return cache
+
+
+# -- StaticCache: StaticLayer, and StaticSlidingWindowLayer with a window ------------------------------------
+
+class StaticCacheAdapter(TruncateByCrop, ReorderAndFork, CacheFamilyAdapter):
+    """``StaticCache(config=..., max_cache_len=...)``: a ``StaticLayer``, or with ``window`` a
+    ``StaticSlidingWindowLayer`` (a ring of min(W, capacity) rows, rolled once full).
+
+    The buffers get ``CHUNK_HEADROOM`` rows beyond the suite's capacity, and ``fixed_capacity`` is not
+    claimed: a write past ``max_cache_len`` moves the length before raising (finding 2, judged by
+    ``hf_llama:static_cache*``), which would otherwise be the first failure of every run here and hide the
+    operations. An accepted write past the suite's capacity is not judged (its cache is replaced).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("static-cache-operations", {"float64", "chunked_append", "truncate", "batch_reorder",
+                                                      "fork", "sliding_window_layer"})
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> StaticCache:
+        return StaticCache(config=_windowed_config(config, window), max_cache_len=capacity + CHUNK_HEADROOM)
+
+    def _held(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A full layer's first ``length`` slots. A window layer's ring holds min(length, W) slots, oldest first
+        once rolled, which its own ``get_mask_sizes`` reads as the rows ending at the length; of those, the W-1
+        newest are what the next query sees, and all a snapshot shows (the oldest slot is never read again)."""
+        length = int(layer.get_seq_length())
+        held = max(min(length, layer.max_cache_len), 0)
+        keys, values = layer.keys[:, :, :held], layer.values[:, :, :held]
+        if getattr(layer, "is_sliding", False):
+            seen = min(held, layer.max_cache_len - 1)
+            keys, values = keys[:, :, held - seen:], values[:, :, held - seen:]
+        return keys, values
+
+
+# -- QuantizedCache -------------------------------------------------------------------------------------------
+
+class Fp8CacheAdapter(ReorderAndFork, CacheFamilyAdapter):
+    """``QuantizedCache('fp8')``: ``Fp8QuantizedLayer``, float8_e4m3fn rows under a per-tensor scale frozen at
+    the first update. Full attention only, not croppable (``is_croppable`` is False): no truncate, no window.
+    Not ``float64``: its rows are stored in 8 bits; ``storage`` says how, for the suite's quantized rule."""
+
+    storage: ClassVar[dict[str, Any]] = {"format": "float8_e4m3fn", "scale": "per_tensor", "update": "frozen"}
+
+    def __init__(self) -> None:
+        super().__init__("quantized-cache-fp8", {"chunked_append", "batch_reorder", "fork"})
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> QuantizedCache:
+        return QuantizedCache("fp8", config)
+
+    def _held(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values)
+
+
+HQQ_BITS, HQQ_GROUP, HQQ_RESIDUAL = 4, 2, 2
+
+
+class HqqCacheAdapter(ReorderAndFork, CacheFamilyAdapter):
+    """``QuantizedCache('hqq')``: ``HQQQuantizedLayer``, KIVI-style: up to ``residual_length`` newest rows in full
+    precision, the rest 4-bit in groups of ``q_group_size``, re-quantized from the dequantized rows at every
+    flush. A residual of 2 and groups of 2 (the suite's head widths are even) make drawn programs quantize.
+
+    No ``storage`` is declared: the suite's storage rule knows symmetric int8/int4 per tensor or per channel,
+    not HQQ's asymmetric 4-bit groups (scale and zero point, fitted by its optimiser) beside full-precision
+    residual rows. Judged as float64 storage, then: its verdict says only that it is lossy.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("quantized-cache-hqq", {"chunked_append", "batch_reorder", "fork"})
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> QuantizedCache:
+        return QuantizedCache("hqq", config, nbits=HQQ_BITS, q_group_size=HQQ_GROUP, residual_length=HQQ_RESIDUAL)
+
+    def _held(self, layer: QuantizedLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values)
+        keys, values = layer._apply_pending_reorder(keys, values)  # a reorder reaches quantized rows lazily
+        if layer.keys is not None and layer.keys.dim() == 4:
+            keys, values = torch.cat([keys, layer.keys], dim=-2), torch.cat([values, layer.values], dim=-2)
+        return keys, values
+
+
+# -- EncoderDecoderCache's self-attention cache ---------------------------------------------------------------
+
+class EncoderDecoderCacheAdapter(TruncateByCrop, ReorderAndFork, CacheFamilyAdapter):
+    """``EncoderDecoderCache(DynamicCache, DynamicCache)``, as a decoder's self-attention drives it: attention
+    updates ``self_attention_cache``; crop, reorder, reset and fork go through the wrapper (crop reaches the
+    self-attention part only; reorder and reset both parts). The cross-attention part stays empty."""
+
+    def __init__(self) -> None:
+        super().__init__("encoder-decoder-cache", {"float64", "chunked_append", "truncate", "batch_reorder", "fork"})
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> EncoderDecoderCache:
+        return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+
+    def _attention_cache(self, handle: Handle) -> Cache:
+        return handle.hf.self_attention_cache
+
+
+# -- a hybrid layer type's attention part ----------------------------------------------------------------------
+
+class HybridLayerAdapter(ReorderAndFork, CacheFamilyAdapter):
+    """``Cache(layers=[LinearAttentionAndFullAttentionLayer()])``: the "hybrid" layer type (a linear-attention
+    state beside a ``DynamicLayer``), driven by attention alone. No truncate: its ``crop`` needs recorded
+    linear-attention states, which an attention-only layer never has (it raises RuntimeError)."""
+
+    def __init__(self) -> None:
+        super().__init__("hybrid-layer", {"float64", "chunked_append", "batch_reorder", "fork"})
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> Cache:
+        return Cache(layers=[LinearAttentionAndFullAttentionLayer()])
+
+
+def dynamic_cache_operations() -> DynamicCacheAdapter:
+    """DynamicCache: DynamicLayer, and DynamicSlidingWindowLayer (crop past a full window raises: evicted)."""
+    return DynamicCacheAdapter()
+
+
+def dynamic_window_skip_empty_crop() -> DynamicCacheAdapter:
+    """As ``dynamic_cache_operations``, without calling ``crop`` on an empty cache (finding 6)."""
+    return DynamicCacheAdapter("dynamic-cache-skip-empty-crop", skip_empty_crop=True)
+
+
+def dynamic_window_past_recording() -> DynamicCacheAdapter:
+    """DynamicCache after ``activate_past_recording()``: the window layer keeps rows until crop, to restore them;
+    without calling ``crop`` on an empty cache (finding 6)."""
+    return DynamicCacheAdapter("dynamic-cache-past-recording", record_past=True, skip_empty_crop=True)
+
+
+def static_cache_operations() -> StaticCacheAdapter:
+    """StaticCache: StaticLayer, and StaticSlidingWindowLayer."""
+    return StaticCacheAdapter()
+
+
+def quantized_cache_fp8() -> Fp8CacheAdapter:
+    return Fp8CacheAdapter()
+
+
+def quantized_cache_hqq() -> HqqCacheAdapter:
+    return HqqCacheAdapter()
+
+
+def encoder_decoder_cache() -> EncoderDecoderCacheAdapter:
+    return EncoderDecoderCacheAdapter()
+
+
+def hybrid_layer() -> HybridLayerAdapter:
+    return HybridLayerAdapter()
