@@ -48,7 +48,9 @@ class Run:
 
 
 PLAN = (
-    Run("dynamic_cache"), Run("static_cache"), Run("dynamic_cache_float64_rope"), Run("static_cache_float64_rope"),
+    Run("dynamic_cache"), Run("static_cache"),
+    # the same with a float64 RoPE table: ~180 s that CI's budget does not have (their traces are still replayed)
+    Run("dynamic_cache_float64_rope", in_ci=False), Run("static_cache_float64_rope", in_ci=False),
     # DynamicLayer ([full]) and DynamicSlidingWindowLayer ([window]); StaticLayer and StaticSlidingWindowLayer
     Run("dynamic_cache_operations", "adapters.hf_caches", (OPERATIONS,), workers="2"),
     Run("static_cache_operations", "adapters.hf_caches", (OPERATIONS,), "window", "0"),

@@ -25,7 +25,7 @@ class Mutant:
     file: str
     edits: tuple[tuple[str, str], ...]
     why: str
-    machine: str = "layer cache"  # which kills it: layer cache, cache operations, session, prefix store, paged
+    machine: str = "layer cache"  # the machine that kills it (runs_for)
     undeclared: tuple[str, ...] = ()  # capabilities its adapter no longer declares
     factory: str = "make_adapter"  # the adapter factory of impl/conformance.py it runs behind
 
@@ -265,7 +265,7 @@ MUTANTS = (
            "truncate(n) with n above the length is accepted and exposes stale rows", "cache operations"),
     Mutant("truncate_window_revives_evicted", "cache.py",
            (("            if needed < length and self._first_held > needed:", "            if False:"),),
-           "a window cache truncates past its oldest held row, as if evicted rows came back", "cache operations"),
+           "a window cache truncates past its oldest held row, as if evicted rows came back", "window cache"),
     Mutant("reorder_values_forgotten", "cache.py",
            (("        self._values[...] = self._values[gather]\n", ""),),
            "reorders the keys of the batch but not the values", "cache operations"),
@@ -286,11 +286,11 @@ MUTANTS = (
     Mutant("window_sees_one_more", "attention.py",
            (("(key_positions[None, :] <= positions[:, None] - window)",
              "(key_positions[None, :] < positions[:, None] - window)"),),
-           "a query at q sees keys down to q - W (W + 1 keys): the window boundary off by one", "cache operations"),
+           "a query at q sees keys down to q - W (W + 1 keys): the window boundary off by one", "window cache"),
     Mutant("window_rows_in_ring_order", "cache.py",
            (("        keys: np.ndarray = self._keys[:, :, self._held_slots()]",
              "        keys: np.ndarray = self._keys[:, :, np.sort(self._held_slots())]"),),
-           "a wrapped window shows its key rows in slot order, not oldest first", "cache operations"),
+           "a wrapped window shows its key rows in slot order, not oldest first", "window cache"),
     # -- quantized storage (spec §13.6): each through an adapter declaring its storage --
     Mutant("storage_read_back_without_scale", "storage.py",
            (("return scaled.astype(_FLOATS[self.format]).astype(np.float64) * scale",
@@ -399,9 +399,10 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
         return [("session", "session", {})]
     if mutant.machine == "paged":
         return [("paged", "paged", {})]
-    if mutant.machine == "cache operations":
+    if mutant.machine in ("cache operations", "window cache"):  # a window mutant: the windowed run only
         return [(f"operations/{'window' if windowed else 'full'}", "cache_operations",
-                 {"style": "half_split", "grouped": None, "windowed": windowed}) for windowed in (False, True)]
+                 {"style": "half_split", "grouped": None, "windowed": windowed})
+                for windowed in ((True,) if mutant.machine == "window cache" else (False, True))]
     return [(f"store/{'window' if windowed else 'full'}", "prefix_store", {"windowed": windowed})
             for windowed in (False, True)]
 

@@ -144,7 +144,7 @@ def test_killing_a_worker_mid_shard_does_not_lose_the_campaign(dask_cluster: tup
     scheduler, directory = dask_cluster
     out = tmp_path / "campaign"
     process = subprocess.Popen([sys.executable, "-m", "properties.campaign", f"--scheduler={scheduler}",
-                                "--minutes=3", "--shards-per-property=1", "--shard-examples=30", "-k",
+                                "--minutes=3", "--shards-per-property=1", "--shard-examples=150", "-k",
                                 "test_decode_session_conforms or (test_layer_cache_conforms and half_split and mha)",
                                 f"--out={out}"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -152,7 +152,12 @@ def test_killing_a_worker_mid_shard_does_not_lose_the_campaign(dask_cluster: tup
         assert process.stdout is not None
         first = process.stdout.readline()
         assert first.startswith("campaign: 2 properties"), first
-        time.sleep(5)  # both workers are inside a shard (its pytest start-up alone takes ~2 s, its 30 examples ~10 s)
+        started = []  # kill once both shards are known to run (150 examples take ~20 s): a fixed sleep was too
+        while len(started) < 2:  # long on an idle machine, where 30 examples were done in 4 s
+            line = process.stdout.readline()
+            assert line, "the campaign ended before both shards started"
+            first += line
+            started += [line] if " started on " in line else []
         victim = int((directory / "worker-1.pid").read_text())
         os.killpg(victim, signal.SIGKILL)  # the worker, its nanny: gone without a word
         rest, _ = process.communicate(timeout=240)
@@ -167,7 +172,7 @@ def test_killing_a_worker_mid_shard_does_not_lose_the_campaign(dask_cluster: tup
     assert list(document["campaign"]["attempts"].values()) == [2], output  # one shard ran again, elsewhere
     assert "again (attempt 2: its worker died)" in output
     time.sleep(1)
-    orphans = subprocess.run(["pgrep", "-f", f"kv-shard-parent=.*{out.name}|kv-shard-examples=30"],
+    orphans = subprocess.run(["pgrep", "-f", f"kv-shard-parent=.*{out.name}|kv-shard-examples=150"],
                              capture_output=True, text=True).stdout.split()
     assert not orphans, "a shard outlived its worker"
 
