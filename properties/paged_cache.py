@@ -108,7 +108,7 @@ class PagedCacheMachine(TracedMachine):
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
         super().__init__()
         self.adapter = adapter
-        self.judge = Judge.for_adapter(adapter, numbers)
+        self.judge = Judge.for_adapter(adapter, numbers, layer_caches=False)
         self.capabilities = declared(getattr(adapter, "capabilities", ()))
         self.policy = PagedPolicy.of(adapter)
 

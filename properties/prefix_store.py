@@ -104,7 +104,7 @@ class PrefixStoreMachine(TracedMachine):
     def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64, windowed: bool | None = None) -> None:
         super().__init__()
         self.adapter, self.windowed = adapter, windowed
-        self.judge = Judge.for_adapter(adapter, numbers)
+        self.judge = Judge.for_adapter(adapter, numbers, layer_caches=False)
         self.capabilities = declared(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())

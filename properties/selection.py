@@ -66,9 +66,12 @@ def load_adapter(spec: str) -> KvCacheAdapter:
         raise AdapterLoadError(f"{where}: the adapter lacks {', '.join(missing)}, which what it declares needs "
                                "(see docs/adapters.md)")
     try:
-        declared_storage(adapter)
+        storage = declared_storage(adapter)
     except ValueError as error:
         raise AdapterLoadError(f"{where}: {error}") from error
+    if storage is not None and Capability.FLOAT64.value in adapter.capabilities:
+        raise AdapterLoadError(f"{where}: declares {storage.format} storage and the float64 capability (1e-12 "
+                               "everywhere); which is it?")
     dtype = getattr(adapter, "dtype", "float64")
     if dtype not in DTYPES:
         raise AdapterLoadError(f"{where}: dtype {dtype!r} is not one of {DTYPES}")

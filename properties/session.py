@@ -116,7 +116,7 @@ class SessionMachine(TracedMachine):
     def __init__(self, adapter: DecoderAdapter, numbers: NumberSystem = FLOAT64) -> None:
         super().__init__()
         self.adapter = adapter
-        self.judge = Judge.for_adapter(adapter, numbers)
+        self.judge = Judge.for_adapter(adapter, numbers, layer_caches=False)
         self.capabilities = declared(getattr(adapter, "capabilities", ()))
 
     @initialize(data=st.data())

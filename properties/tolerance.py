@@ -108,10 +108,13 @@ class Judge:
         self.components = check_precision(self.dtype, self.components)
 
     @classmethod
-    def for_adapter(cls, adapter: Any, oracle: NumberSystem) -> Judge:
-        """The judge of what ``adapter`` declares (``dtype``, ``mixed_precision``, ``storage``)."""
+    def for_adapter(cls, adapter: Any, oracle: NumberSystem, *, layer_caches: bool = True) -> Judge:
+        """The judge of what ``adapter`` declares (``dtype``, ``mixed_precision``, and for its layer caches
+        ``storage``: docs/spec.md §13.6 declares how layer caches store rows; a decoder's, a store's and a
+        paged pool's rows are judged by the dtype rule, ``layer_caches=False``)."""
         dtype, components = declared_precision(adapter)
-        return cls(dtype, oracle, components=components, storage=declared_storage(adapter))
+        return cls(dtype, oracle, components=components,
+                   storage=declared_storage(adapter) if layer_caches else None)
 
     @property
     def naive(self) -> NumberSystem | None:

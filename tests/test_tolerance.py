@@ -224,3 +224,35 @@ def test_a_float16_rope_table_declared_float32_fails() -> None:
         result = run_declared(Float16RopeClaimingFloat32(), "float16 rope")
     assert isinstance(result.failure, NonConformance)
     assert "exceeds tolerance" in str(result.failure) and "exceeds tolerance 1e-12" not in str(result.failure)
+
+
+def test_storage_is_a_declaration_about_layer_caches_only() -> None:
+    """A quantized adapter's decoder, store and paged pool are judged by its dtype rule: the session machine once
+    crashed on the storage judge (it has no stored computation to give)."""
+    from impl.conformance import make_fp8_adapter
+    from oracle import FLOAT64
+    from properties import profiles
+    from properties.runner import run_machine
+    from properties.tolerance import Judge
+
+    adapter = make_fp8_adapter()
+    assert Judge.for_adapter(adapter, FLOAT64).storage is not None
+    assert Judge.for_adapter(adapter, FLOAT64, layer_caches=False).storage is None
+    result = run_machine("session", adapter, property_id="storage-session",
+                         settings=profiles.settings_for("ci", database=None, max_examples=5))
+    assert result.failure is None, result.failure
+
+
+def test_storage_and_the_float64_claim_contradict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from impl.conformance import make_fp8_adapter
+    from properties import selection
+
+    claiming = make_fp8_adapter()
+    claiming.capabilities = claiming.capabilities | {"float64"}
+    module = type(sys)("kv_test_storage_claims")
+    module.make = lambda: claiming  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kv_test_storage_claims", module)
+    with pytest.raises(selection.AdapterLoadError, match="which is it"):
+        selection.load_adapter("kv_test_storage_claims:make")
