@@ -125,9 +125,8 @@ class LayerCacheMachine(TracedMachine):
         """A declared frozen scale is a limit: valid rows after the first update are drawn within its range
         (scaled down, keeping their layout, until no stored key or value saturates)."""
         storage = self.judge.storage
-        if storage is None or storage.update != "frozen" or not self.rows:
+        if storage is None or storage.update != "frozen" or self.calibration is None:  # (kept after truncate(0))
             return x
-        assert self.calibration is not None
         new = full_prefix_attention(np.stack([*self.rows, *np.moveaxis(x, 1, 0)], axis=1), self.cache_weights,
                                     self.config.oracle_rope, window=self.window)
         first = full_prefix_attention(np.stack(self.calibration, axis=1), self.cache_weights,
