@@ -36,7 +36,7 @@ import transformers
 from transformers import DynamicCache, EncoderDecoderCache, LlamaConfig, QuantizedCache, StaticCache
 from transformers.cache_utils import Cache, LinearAttentionAndFullAttentionLayer, QuantizedLayer
 
-from .hf_llama import ATTENTION, DTYPE, Float64Rotary, Layer, _attention, _config, _weights_of, _write
+from .hf_llama import ATTENTION, DTYPE, Float64Rotary, Layer, llama_attention, llama_config, weights_of, write_weights
 
 CHUNK_HEADROOM = 4  # properties/strategies.py MAX_CHUNK: the most rows one accepted over-capacity call can add
 BASE = frozenset({"rope_half_split", "gqa"})  # "float64" is added by adapters whose storage is float64
@@ -93,20 +93,21 @@ class CacheFamilyAdapter:
     # -- layers: as hf_llama's, with the float64 RoPE table ------------------------------------------------
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
-        config = _config(weights.heads, weights.kv_heads, weights.wq.shape[1] // weights.heads, rope.base,
-                         rope.max_positions)
-        return Layer(_attention(config, 0, weights), Float64Rotary(config), config, weights.heads, weights.kv_heads)
+        config = llama_config(weights.heads, weights.kv_heads, weights.wq.shape[1] // weights.heads, rope.base,
+                              rope.max_positions)
+        return Layer(llama_attention(config, 0, weights), Float64Rotary(config), config, weights.heads,
+                     weights.kv_heads)
 
     def recreate_layer(self, layer: Layer) -> Layer:
-        return Layer(_attention(layer.config, 0, _weights_of(layer.attention, layer.heads, layer.kv_heads)),
+        return Layer(llama_attention(layer.config, 0, weights_of(layer.attention, layer.heads, layer.kv_heads)),
                      Float64Rotary(layer.config), layer.config, layer.heads, layer.kv_heads)
 
     def with_rope(self, layer: Layer, rope: Any) -> Layer:
-        config = _config(layer.heads, layer.kv_heads, layer.config.head_dim, rope.base, rope.max_positions)
+        config = llama_config(layer.heads, layer.kv_heads, layer.config.head_dim, rope.base, rope.max_positions)
         return Layer(layer.attention, Float64Rotary(config), config, layer.heads, layer.kv_heads)
 
     def update_weights(self, layer: Layer, weights: Any) -> None:
-        _write(layer.attention, weights)
+        write_weights(layer.attention, weights)
 
     # -- caches ----------------------------------------------------------------------------------------------
 

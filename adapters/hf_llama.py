@@ -64,8 +64,8 @@ class Float64Rotary(nn.Module):
         return emb.cos(), emb.sin()
 
 
-def _config(heads: int, kv_heads: int, head_width: int, base: float, max_positions: int, blocks: int = 1,
-            vocab: int = 2) -> LlamaConfig:
+def llama_config(heads: int, kv_heads: int, head_width: int, base: float, max_positions: int, blocks: int = 1,
+                 vocab: int = 2) -> LlamaConfig:
     return LlamaConfig(hidden_size=heads * head_width, num_attention_heads=heads, num_key_value_heads=kv_heads,
                        head_dim=head_width, num_hidden_layers=blocks, intermediate_size=4, vocab_size=vocab,
                        max_position_embeddings=max_positions, attention_bias=False,
@@ -73,7 +73,7 @@ def _config(heads: int, kv_heads: int, head_width: int, base: float, max_positio
                        attn_implementation=ATTENTION, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def _attention(config: LlamaConfig, index: int, weights: Any) -> LlamaAttention:
+def llama_attention(config: LlamaConfig, index: int, weights: Any) -> LlamaAttention:
     """transformers' module, projections rebuilt at the suite's widths, holding ``weights`` (``x @ W``)."""
     module = LlamaAttention(config, layer_idx=index)
     for name in ("q", "k", "v", "o"):
@@ -85,14 +85,14 @@ def _attention(config: LlamaConfig, index: int, weights: Any) -> LlamaAttention:
     return module.to(DTYPE).eval()
 
 
-def _write(module: LlamaAttention, weights: Any) -> None:
+def write_weights(module: LlamaAttention, weights: Any) -> None:
     """An in-place optimiser-like write into the same parameter tensors."""
     with torch.no_grad():
         for name in ("q", "k", "v", "o"):
             getattr(module, f"{name}_proj").weight.copy_(torch.from_numpy(np.asarray(getattr(weights, f"w{name}")).T))
 
 
-def _weights_of(module: LlamaAttention, heads: int, kv_heads: int) -> Any:
+def weights_of(module: LlamaAttention, heads: int, kv_heads: int) -> Any:
     from types import SimpleNamespace
 
     arrays = {f"w{n}": getattr(module, f"{n}_proj").weight.detach().numpy().T.copy() for n in ("q", "k", "v", "o")}
@@ -156,23 +156,23 @@ class LlamaLayerAdapter:
         self.capabilities = frozenset(declared)
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
-        config = _config(weights.heads, weights.kv_heads, weights.wq.shape[1] // weights.heads, rope.base,
-                         rope.max_positions)
-        return Layer(_attention(config, 0, weights), self._rotary(config), config, weights.heads, weights.kv_heads)
+        config = llama_config(weights.heads, weights.kv_heads, weights.wq.shape[1] // weights.heads, rope.base,
+                              rope.max_positions)
+        return Layer(llama_attention(config, 0, weights), self._rotary(config), config, weights.heads, weights.kv_heads)
 
     def _rotary(self, config: LlamaConfig) -> nn.Module:
         return Float64Rotary(config) if self.float64_rope else LlamaRotaryEmbedding(config).to(DTYPE)
 
     def recreate_layer(self, layer: Layer) -> Layer:
-        return Layer(_attention(layer.config, 0, _weights_of(layer.attention, layer.heads, layer.kv_heads)),
+        return Layer(llama_attention(layer.config, 0, weights_of(layer.attention, layer.heads, layer.kv_heads)),
                      self._rotary(layer.config), layer.config, layer.heads, layer.kv_heads)
 
     def with_rope(self, layer: Layer, rope: Any) -> Layer:
-        config = _config(layer.heads, layer.kv_heads, layer.config.head_dim, rope.base, rope.max_positions)
+        config = llama_config(layer.heads, layer.kv_heads, layer.config.head_dim, rope.base, rope.max_positions)
         return Layer(layer.attention, self._rotary(config), config, layer.heads, layer.kv_heads)
 
     def update_weights(self, layer: Layer, weights: Any) -> None:
-        _write(layer.attention, weights)
+        write_weights(layer.attention, weights)
 
     def create_cache(self, layer: Layer, batch_size: int, capacity: int) -> Cache:
         shape = (batch_size, layer.kv_heads, capacity, layer.config.head_dim)
@@ -303,13 +303,13 @@ class LlamaDecoderAdapter(LlamaLayerAdapter):
         self.capabilities = self.capabilities | {"decode_session", "prefix_store", "positions_rope"}
 
     def create_decoder(self, config: Any, weights: Any) -> Decoder:
-        hf = _config(config.heads, config.kv_heads, config.head_width, config.rope_base, config.max_positions,
-                     blocks=config.blocks, vocab=config.vocab)
-        blocks = [_attention(hf, i, block) for i, block in enumerate(weights.blocks)]
+        hf = llama_config(config.heads, config.kv_heads, config.head_width, config.rope_base, config.max_positions,
+                          blocks=config.blocks, vocab=config.vocab)
+        blocks = [llama_attention(hf, i, block) for i, block in enumerate(weights.blocks)]
         return Decoder(config, hf, torch.from_numpy(np.array(weights.embedding)), blocks, self._rotary(hf))
 
     def update_block_weights(self, decoder: Decoder, block: int, weights: Any) -> None:
-        _write(decoder.blocks[block], weights)
+        write_weights(decoder.blocks[block], weights)
 
     def create_session(self, decoder: Decoder, capacity: int) -> Session:
         return Session(decoder, capacity, DynamicCache(config=decoder.hf))

@@ -91,7 +91,7 @@ from transformers.generation.continuous_batching.distributed import DistributedH
 from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
 from transformers.generation.continuous_batching.utils import build_attention_mask
 
-from .hf_llama import ATTENTION, DTYPE, Decoder, LlamaDecoderAdapter, LlamaLayerAdapter, _config
+from .hf_llama import ATTENTION, DTYPE, BlockRows, Decoder, LlamaDecoderAdapter, LlamaLayerAdapter, llama_config
 
 FULL = "full_attention"
 MAX_BATCH_TOKENS = 16  # the suite's sequences have at most 10 tokens; only sizes the memory handler's estimate
@@ -99,13 +99,6 @@ MAX_BATCH_TOKENS = 16  # the suite's sequences have at most 10 tokens; only size
 
 class PoolFull(RuntimeError):
     """The operation's blocks are neither free nor evictable (kind ``full``)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Rows:
-    keys: np.ndarray
-    values: np.ndarray
-    positions: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,8 +142,8 @@ class Pool:
 
 
 def _make_cache(config: Any, block_size: int, num_blocks: int) -> Pool:
-    hf_config = _config(config.heads, config.kv_heads, config.head_width, config.rope_base, config.max_positions,
-                        blocks=config.blocks, vocab=config.vocab)
+    hf_config = llama_config(config.heads, config.kv_heads, config.head_width, config.rope_base, config.max_positions,
+                             blocks=config.blocks, vocab=config.vocab)
     cb_config = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=MAX_BATCH_TOKENS,
                                          max_memory_percent=0.6, max_blocks_per_request=0, allow_block_sharing=True,
                                          safety_margin=0.0)
@@ -338,7 +331,7 @@ class PagedAttentionCacheAdapter(LlamaLayerAdapter):
         pool.decoders.pop(sequence)
         pool.hf.free_blocks(state.request_id)  # Scheduler.finish_request
 
-    def paged_rows(self, pool: Pool, sequence: int) -> tuple[Rows, ...]:
+    def paged_rows(self, pool: Pool, sequence: int) -> tuple[BlockRows, ...]:
         """Each layer's rows, read where the cache's own read indices point."""
         state = pool.requests[sequence]
         length = state.current_len()
@@ -348,7 +341,7 @@ class PagedAttentionCacheAdapter(LlamaLayerAdapter):
         for layer in allocator.layer_indices:
             k_cache, v_cache = allocator._kv_token_views[layer]  # the views update() writes and reads
             keys, values = (torch.index_select(c, 0, index).transpose(0, 1).numpy().copy() for c in (k_cache, v_cache))
-            rows.append(Rows(keys, values, np.arange(length)))
+            rows.append(BlockRows(keys, values, np.arange(length)))
         return tuple(rows)
 
     def paged_state(self, pool: Pool) -> State:

@@ -57,7 +57,16 @@ from .protocol import BlockState, Capability, ErrorKind, declared
 from .session import blocks_match_oracle
 from .tolerance import Judge, Reference
 from .trace import Draws, TracedMachine, initialize, invariant, rule
-from .verdict import Inputs, NonConformance, attempt, call, expect_rejection, expect_success, fields
+from .verdict import (
+    Inputs,
+    NonConformance,
+    attempt,
+    call,
+    expect_rejection,
+    expect_success,
+    fields,
+    update_block_weights,
+)
 
 SCOPES = ("app", "other app")
 MAX_LENGTH = 10  # tokens per sequence: the oracle recomputes every live one after every step
@@ -558,14 +567,8 @@ class PagedCacheMachine(TracedMachine):
         signature out, the pool belongs to one computation, and the update comes with a new pool."""
         index = data.choose(range(len(self.decoders)), "decoder")
         block, new = data.draw(s.block_update(self.weights[index]), label="block update")
-        what = f"update decoder {index}'s layer {block} in place"
-        handed = Inputs()
-        given = handed("weights", new)
-        expect_success(call(self.adapter, what, lambda: self.adapter.update_block_weights(
-            self.decoders[index], block, given), handed), what)
-        blocks = list(self.weights[index].blocks)
-        blocks[block] = new
-        self.weights[index] = replace(self.weights[index], blocks=tuple(blocks))  # type: ignore[misc]
+        self.weights[index] = update_block_weights(self.adapter, self.decoders[index], self.weights[index], block,
+                                                   new, f"update decoder {index}'s layer {block} in place")
         if "signature" not in self.policy.hash_keys:
             self._new_pool()
             return

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from .protocol import BlockState, DecoderAdapter, ErrorKind, StoreEntry, declare
 from .session import blocks_match_oracle, raises, same_blocks
 from .tolerance import Judge, Reference
 from .trace import Draws, TracedMachine, initialize, invariant, rule
-from .verdict import Inputs, NonConformance, call, expect_success, fields
+from .verdict import Inputs, NonConformance, call, expect_success, fields, update_block_weights
 
 SCOPES = ("app", "other app")
 VARIANTS = ("extend", "truncate", "edit", "edit and extend", "same")  # queries built from a stored prompt
@@ -261,14 +261,8 @@ class PrefixStoreMachine(TracedMachine):
         """The decoder's computation changes: its old entries no longer match its signature."""
         index = data.choose(range(len(self.decoders)), "decoder")
         block, new = data.draw(s.block_update(self.weights[index]), label="block update")
-        what = f"update decoder {index}'s block {block} in place"
-        handed = Inputs()
-        given = handed("weights", new)
-        expect_success(call(self.adapter, what, lambda: self.adapter.update_block_weights(
-            self.decoders[index], block, given), handed), what)
-        blocks = list(self.weights[index].blocks)
-        blocks[block] = new
-        self.weights[index] = replace(self.weights[index], blocks=tuple(blocks))  # type: ignore[misc]
+        self.weights[index] = update_block_weights(self.adapter, self.decoders[index], self.weights[index], block,
+                                                   new, f"update decoder {index}'s block {block} in place")
 
     @rule(when=lambda self: self.entries)
     def scribble_on_returned_arrays(self) -> None:

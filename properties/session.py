@@ -18,7 +18,6 @@ contents from then on, and the machine replaces it.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from . import strategies as s
 from .protocol import CLAIMED_BY, BlockState, DecoderAdapter, ErrorKind, declared
 from .tolerance import Judge, Reference
 from .trace import Draws, Tape, TracedMachine, initialize, invariant, rule
-from .verdict import Inputs, NonConformance, attempt, call, expect_rejection, expect_success
+from .verdict import Inputs, NonConformance, attempt, call, expect_rejection, expect_success, update_block_weights
 
 
 def raises(adapter: Any, capabilities: frozenset[str], tape: Tape, expected: ErrorKind, what: str,
@@ -210,14 +209,8 @@ class SessionMachine(TracedMachine):
     def _update_block(self, block: int, new: AttentionWeights) -> None:
         """Write block ``block``'s parameters in place: the session is stale, for every implementation
         (whether a step then says so is judged only with binding_checks)."""
-        what = f"update block {block}'s weights in place"
-        handed = Inputs()
-        given = handed("weights", new)
-        expect_success(call(self.adapter, what, lambda: self.adapter.update_block_weights(
-            self.decoder, block, given), handed), what)
-        blocks = list(self.weights.blocks)
-        blocks[block] = new
-        self.weights = replace(self.weights, blocks=tuple(blocks))  # type: ignore[misc]
+        self.weights = update_block_weights(self.adapter, self.decoder, self.weights, block, new,
+                                            f"update block {block}'s weights in place")
         self.stale = True
 
     # -- single steps, in whatever state the session is --------------------------------------------------

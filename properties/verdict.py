@@ -12,13 +12,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .layouts import same_layout_copy
-from .protocol import CacheSnapshot, ErrorKind, KvCacheAdapter
+from .protocol import AttentionWeights, CacheSnapshot, DecoderWeights, ErrorKind, KvCacheAdapter
 
 
 class NonConformance(AssertionError):
@@ -246,6 +246,18 @@ def read_snapshot(adapter: KvCacheAdapter, cache: Any, what: str, *, physical: b
         raise NonConformance(f"{what}: a sliding-window cache's snapshot must give the held rows' positions as a 1-D "
                              f"integer array, got {result.positions!r}", kind="malformed snapshot")
     return result
+
+
+def update_block_weights(adapter: Any, decoder: Any, weights: DecoderWeights, block: int,
+                         new: AttentionWeights, what: str) -> DecoderWeights:
+    """Write block ``block``'s parameters in place through the adapter (which must succeed); the decoder's
+    weights afterwards."""
+    handed = Inputs()
+    given = handed("weights", new)
+    expect_success(call(adapter, what, lambda: adapter.update_block_weights(decoder, block, given), handed), what)
+    blocks = list(weights.blocks)
+    blocks[block] = new
+    return replace(weights, blocks=tuple(blocks))  # type: ignore[misc]
 
 
 def same_state(before: CacheSnapshot, after: CacheSnapshot, what: str, rule: str) -> None:

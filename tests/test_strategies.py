@@ -626,3 +626,37 @@ def test_windowed_runs_cross_the_window_edge_evict_and_truncate_around_it() -> N
     assert {-1, 0, 1, 2} <= offsets
     assert "after reset" in truncations
     assert any("evicted" in t for t in truncations) and "success" in truncations
+
+
+@FAST
+@given(st.integers(1, s.MAX_CAPACITY + 2), st.data())
+def test_layer_configs_draw_at_least_the_capacity_asked_for_where_limits_allow(least: int,
+                                                                              data: st.DataObject) -> None:
+    config = data.draw(s.layer_configs(frozenset(POSITION_STYLES), min_capacity=least))
+    assert min(least, s.MAX_CAPACITY) <= config.capacity <= s.MAX_CAPACITY
+
+
+@pytest.mark.slow
+def test_windowed_runs_respect_a_declared_smallest_window() -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from impl.conformance import ReferenceAdapter
+    from properties import profiles
+    from properties.cache_operations import CacheOperationsMachine
+
+    class NoWindowOfOne(ReferenceAdapter):
+        layer_limits = {"min_window": 2}  # noqa: RUF012
+
+    windows: set[int] = set()
+
+    class Watching(CacheOperationsMachine):
+        def __init__(self) -> None:
+            super().__init__(NoWindowOfOne(), style="half_split", windowed=True)
+
+        def teardown(self) -> None:
+            if self.window is not None:
+                windows.add(self.window)
+            super().teardown()
+
+    run_state_machine_as_test(Watching, settings=profiles.settings_for("ci", database=None, max_examples=30))
+    assert windows and min(windows) == 2
