@@ -7,7 +7,8 @@
   lengths 256..4096, against recomputing the full prefix with the same
   implementation and against numpy copying the K/V bytes the step reads
   (the memory-bandwidth floor).
-- suite: wall time of ``pytest properties/`` with ``-n 0`` and ``-n 2``.
+- suite: the main job as users run it, ``pytest -n 2 properties/`` with random seeds and the example
+  database on: median wall and CPU seconds of 3 runs.
 - prefill: a 1,024-token prompt through the decode session in one chunk,
   against feeding it token by token through Python (same results?).
 - store: prefix-store query time against the cut for a 2,048-token query.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,10 +56,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kvcache_conformance.oracle import DecoderConfig, random_decoder_weights  # noqa: E402
+
 from impl import AttentionLayer, DecodeSession, LayerKvCache, RopeConfig  # noqa: E402
 from impl.conformance import make_adapter  # noqa: E402
 from impl.prefix_store import PrefixStore  # noqa: E402
-from oracle import DecoderConfig, random_decoder_weights  # noqa: E402
 
 
 def median_seconds(action: Callable[[], object], repeats: int) -> float:
@@ -107,20 +110,24 @@ def bench_step() -> None:
     print("(x prev: step time over the previous length's; linear growth is 2.0 per doubling)")
 
 
-def bench_suite() -> None:
-    # dev is not derandomised: without one seed for both runs, they would test different random programs
-    print("pytest properties/, profile dev, --hypothesis-seed 0, reference implementation (wall seconds)")
-    environment = {**os.environ, "HYPOTHESIS_PROFILE": "dev"}
-    walls = {}
-    for workers in ("0", "2"):
+def bench_suite(runs: int = 3) -> None:
+    """The main job as users run it: ``pytest -n 2 properties/``, default profile, random seeds, the example
+    database on; the median of ``runs`` runs, wall and CPU seconds (the CPU of every process it started)."""
+    print(f"pytest -n 2 properties/, profile dev, random seeds, example database on, reference implementation "
+          f"({runs} runs)")
+    environment = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_PROFILE", "KVCACHE_IMPL")}
+    walls, cpus = [], []
+    for run in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
-                                 "--hypothesis-seed", "0", "properties"],
-                                cwd=ROOT, env=environment, capture_output=True, text=True)
-        walls[workers] = time.perf_counter() - start
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                                 "properties"], cwd=ROOT, env=environment, capture_output=True, text=True)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         status = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-200:]
-        print(f"  -n {workers}: {walls[workers]:6.1f} s   {status}")
-    print(f"  speed-up of -n 2 over -n 0: {walls['0'] / walls['2']:.2f}x")
+        print(f"  run {run + 1}: {walls[-1]:6.1f} s wall, {cpus[-1]:6.1f} s CPU   {status}")
+    print(f"  median: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} s CPU")
 
 
 def bench_mutants() -> None:
@@ -177,9 +184,10 @@ def bench_first_failure() -> None:
 
 
 def bench_tolerance() -> None:
+    from kvcache_conformance.judge.tolerance import FACTOR, FLOOR_ULPS
+    from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
+
     from examples.minimal_adapter import make_float32_adapter
-    from oracle import AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
-    from properties.tolerance import FACTOR, FLOOR_ULPS
 
     f32, eps, adapter, rng = numpy_precision("float32"), 2.0**-23, make_float32_adapter(), np.random.default_rng(0)
     ulps, naive_ulps = [], []
@@ -209,9 +217,10 @@ def bench_tolerance() -> None:
 
 
 def bench_mixed() -> None:
+    from kvcache_conformance.judge.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
+    from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
+
     from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
-    from oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
-    from properties.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
 
     # (layers, first checked position at most): the documented ranges (the layer machine's capacity is 8,
     # a decoder's sequence 12), then deeper positions, where the RoPE angle errors grow
@@ -257,8 +266,11 @@ def bench_mixed() -> None:
 
 
 def bench_traces() -> None:
+    from kvcache_conformance.run import selection
+    from kvcache_conformance.traces import codec as trace
+    from kvcache_conformance.traces import replay
+
     from impl.conformance import ReferenceAdapter
-    from properties import replay, selection, trace
     from tests.mutants import MUTANTS, build
 
     directory = Path(tempfile.mkdtemp())
@@ -396,9 +408,10 @@ def bench_operations() -> None:
 def bench_storage() -> None:
     """The storage rule's budget (spec §13.6), measured on the reference's quantized adapters: each step's
     output and cached rows against k x the naive stored computation's error + a floor of format units."""
+    from kvcache_conformance.judge.tolerance import ABSOLUTE, FACTOR, STORAGE_FLOOR_UNITS, Judge
+    from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
+
     from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter
-    from oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
-    from properties.tolerance import ABSOLUTE, FACTOR, STORAGE_FLOOR_UNITS, Judge
 
     floors = (0.0, 0.5, STORAGE_FLOOR_UNITS)
     for make in (make_fp8_adapter, make_int8_adapter, make_float16_adapter):

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from oracle import RopeConfig
-from properties import selection
-from properties import strategies as s
-from properties.protocol import Capability, ErrorKind, KvCacheAdapter, LayerLimits, declared
-from properties.verdict import NonConformance, call, expect_rejection, expect_success, read_snapshot
+from kvcache_conformance import generate as s
+from kvcache_conformance.judge.calls import call
+from kvcache_conformance.judge.checks import expect_rejection, expect_success, read_snapshot
+from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.oracle import RopeConfig
+from kvcache_conformance.protocol.declarations import LayerLimits
+from kvcache_conformance.protocol.kinds import Capability, ErrorKind, declared
+from kvcache_conformance.protocol.layer import KvCacheAdapter
+from kvcache_conformance.run import selection
 
 MAX_INDEXABLE_BYTES = 2**63 - 1  # the largest byte count a 64-bit numpy array can index
 UNMAPPABLE_BYTES = 2**58  # indexable, but above every x86-64/arm64 user address space (57 bits)
@@ -94,7 +97,8 @@ def test_capacity_is_bounded_by_rope_positions(rope_adapter: KvCacheAdapter, con
         cache = expect_success(_create(adapter, layer, config.batch_size, limit), f"capacity = max positions {limit}")
         snapshot = read_snapshot(adapter, cache, "a new cache", physical=False)
         if snapshot.length != 0:
-            raise NonConformance(f"a new cache has length {snapshot.length}, but should be empty")
+            raise NonConformance(f"a new cache has length {snapshot.length}, but should be empty",
+                                 kind="a new cache is not empty", check="length")
 
 
 @given(config=configs(), capacity_bits=st.integers(31, 48), surplus=st.integers(0, 1000))

@@ -8,9 +8,8 @@ layer machine covers), and one windowed. Each operation is drawn only where its 
 from __future__ import annotations
 
 import pytest
-
-from properties.protocol import Capability, declared
-from properties.runner import PropertyRun
+from kvcache_conformance.protocol.kinds import Capability, declared
+from kvcache_conformance.run.runner import PropertyRun
 
 OPERATIONS = (Capability.CHUNKED_APPEND, Capability.TRUNCATE, Capability.BATCH_REORDER, Capability.FORK)
 

@@ -8,9 +8,8 @@ conventions are never mixed within a run and xdist can spread the runs.
 from __future__ import annotations
 
 import pytest
-
-from properties.protocol import Capability
-from properties.runner import PropertyRun
+from kvcache_conformance.protocol.kinds import Capability
+from kvcache_conformance.run.runner import PropertyRun
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])

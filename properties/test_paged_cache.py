@@ -4,8 +4,8 @@ declared rules say it must."""
 
 from __future__ import annotations
 
-from properties.paged_protocol import PAGED_PREFIX_SHARING
-from properties.runner import PropertyRun
+from kvcache_conformance.protocol.paged import PAGED_PREFIX_SHARING
+from kvcache_conformance.run.runner import PropertyRun
 
 
 def test_paged_cache_conforms(conformance: PropertyRun) -> None:

@@ -12,12 +12,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from oracle import FLOAT64, full_decoder, full_prefix_attention, mpmath_precision, random_decoder_weights
-from properties import selection
-from properties import strategies as s
-from properties.protocol import LAYER_CONVENTIONS, Capability, LayerLimits, declared
-from properties.verdict import assert_close, call, expect_success
+from kvcache_conformance import generate as s
+from kvcache_conformance.judge.calls import call
+from kvcache_conformance.judge.checks import assert_close, expect_success
+from kvcache_conformance.oracle import (
+    FLOAT64,
+    full_decoder,
+    full_prefix_attention,
+    mpmath_precision,
+    random_decoder_weights,
+)
+from kvcache_conformance.protocol.declarations import LayerLimits
+from kvcache_conformance.protocol.kinds import LAYER_CONVENTIONS, Capability, declared
+from kvcache_conformance.run import selection
 
 ORACLE_AGREEMENT = 1e-13
 MPMATH = mpmath_precision(40)

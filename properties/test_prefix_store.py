@@ -4,9 +4,8 @@ always equals full recomputation; once with full attention, once with sliding wi
 from __future__ import annotations
 
 import pytest
-
-from properties.protocol import Capability
-from properties.runner import PropertyRun
+from kvcache_conformance.protocol.kinds import Capability
+from kvcache_conformance.run.runner import PropertyRun
 
 
 @pytest.mark.parametrize("windowed", [False, True], ids=["full-attention", "sliding-window"])

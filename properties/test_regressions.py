@@ -11,17 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from properties import replay, selection, trace
-from properties.verdict import NonConformance
+from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.run import selection
+from kvcache_conformance.traces import codec, replay
 
 
 def test_trace_replays(regression_trace: Path) -> None:
     adapter = selection.selected()
     lines: list[str] = []
-    verdict = replay.replay(trace.load(regression_trace), adapter, numbers=selection.oracle_numbers(),
+    verdict = replay.replay(codec.load(regression_trace), adapter, numbers=selection.oracle_numbers(),
                             out=lines.append)
     if verdict.status == "not applicable":
         pytest.skip(f"{regression_trace.name}: {verdict.message}")
     if not verdict.conforms:
-        raise NonConformance(f"{regression_trace}: diverges at step {verdict.step}\n" + "\n".join(lines))
+        raise NonConformance(f"{regression_trace}: diverges at step {verdict.step}\n" + "\n".join(lines),
+                             kind="corpus trace diverges", check=regression_trace.stem)

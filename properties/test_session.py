@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from properties.protocol import Capability
-from properties.runner import PropertyRun
+from kvcache_conformance.protocol.kinds import Capability
+from kvcache_conformance.run.runner import PropertyRun
 
 
 def test_decode_session_conforms(conformance: PropertyRun) -> None:

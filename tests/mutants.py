@@ -409,9 +409,9 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
 
 def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill | None:
     """Run the mutant's machines under the ``ci`` profile against it; None if it survives."""
-    from properties import profiles, selection
-    from properties.runner import run_machine
-    from properties.verdict import NonConformance
+    from kvcache_conformance.judge.failures import NonConformance
+    from kvcache_conformance.run import profiles, selection
+    from kvcache_conformance.run.runner import run_machine
 
     spec = build(mutant, directory)
     adapter: Any = selection.load_adapter(spec)

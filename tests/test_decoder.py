@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from impl import DecodeSession, errors
-from impl.conformance import make_adapter
-from impl.prefix_store import PrefixStore
-from oracle import (
+from kvcache_conformance.oracle import (
     FLOAT64,
     PRESETS,
     DecoderConfig,
@@ -18,6 +14,10 @@ from oracle import (
     random_decoder_weights,
     sinusoid,
 )
+
+from impl import DecodeSession, errors
+from impl.conformance import make_adapter
+from impl.prefix_store import PrefixStore
 
 ADAPTER = make_adapter()
 

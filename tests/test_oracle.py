@@ -7,8 +7,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
-
-from oracle import (
+from kvcache_conformance.oracle import (
     FLOAT64,
     AttentionWeights,
     OracleInputError,

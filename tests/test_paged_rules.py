@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from properties.paged_protocol import PagedPolicy, PolicyError
-from properties.paged_rules import (
+from kvcache_conformance.machines.paged_rules import (
     blocks_needed,
     chain_keys,
     eviction_problem,
@@ -14,6 +13,7 @@ from properties.paged_rules import (
     hit_limit,
     same_prefix,
 )
+from kvcache_conformance.protocol.paged import PagedPolicy, PolicyError
 
 REFERENCE = PagedPolicy()
 TRANSFORMERS = PagedPolicy(frozenset(), "all_at_once", "before_last_token", truncate=False)

@@ -9,12 +9,13 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvcache_conformance.generate import paged_decoder_configs
+from kvcache_conformance.machines.paged import INVALID_LENGTHS
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
 
 from impl.paged_cache import BlocksExhausted
 from impl.paged_conformance import make_paged_adapter
-from properties import profiles
-from properties.paged_cache import INVALID_LENGTHS, paged_decoder_configs
-from properties.runner import run_machine
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,7 +30,7 @@ def test_decoders_are_small_windowless_and_declared(data: st.DataObject) -> None
 
 
 def test_invalid_lengths_are_invalid() -> None:
-    from properties.paged_cache import invalid_length
+    from kvcache_conformance.machines.paged import invalid_length
 
     for problem in INVALID_LENGTHS:
         value = invalid_length(problem, 3)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
+from kvcache_conformance.machines.layer import LayerCacheMachine
+from kvcache_conformance.run import profiles, selection
 
 from examples.minimal_adapter import make_adapter
-from properties import profiles, selection
-from properties.layer_cache import LayerCacheMachine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from properties import trace
-from properties.report import OUTCOMES, ConformanceReport, causes
+from kvcache_conformance.run.report import OUTCOMES, ConformanceReport, causes
+from kvcache_conformance.traces import codec as trace
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
 pytestmark = pytest.mark.slow

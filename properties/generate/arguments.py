@@ -1,0 +1,93 @@
+"""Arguments of the cache operations (docs/spec.md §13): truncation lengths and batch indices, valid or not.
+
+Each is an ``Argument``: the value, and the error kind it must be rejected with (None: valid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..protocol.kinds import ErrorKind
+
+
+@dataclass(frozen=True)
+class Argument:
+    """An argument of a cache operation, and the error kind it must be rejected with (None: valid)."""
+
+    value: object
+    problem: str | None  # an ErrorKind value (a plain string: a trace records it as such), or None
+    description: str
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        return None if self.problem is None else ErrorKind(self.problem)
+
+
+@st.composite
+def truncation_lengths(draw: st.DrawFn, length: int, window: int | None = None) -> Argument:
+    """``truncate``'s n: mostly valid (0, the length, one below, around a window's edge, or anywhere between);
+    else negative, above the length, or not an int (a float, a bool)."""
+    if draw(st.integers(0, 3), label="invalid length?") > 0:
+        edges = {0, length, length - 1} | ({length - window + d for d in (-1, 0, 1)} if window else set())
+        n = draw(st.sampled_from(sorted(e for e in edges if 0 <= e <= length)) | st.integers(0, length), label="n")
+        return Argument(n, None, f"n = {n}")
+    value = draw(st.sampled_from([-1, -length - 1, length + 1, length + 3, float(length), True, str(length)]),
+                 label="invalid n")
+    return Argument(value, ErrorKind.INVALID_LENGTH.value, f"n = {value!r}")
+
+
+@st.composite
+def batch_indices(draw: st.DrawFn, batch_size: int) -> Argument:
+    """``reorder``'s indices: B ints in [0, B) (repeats, drops, the identity), or one of: a negative index, an
+    index of B or more, one index too many or too few, floats, bools."""
+    valid = draw(st.lists(st.integers(0, batch_size - 1), min_size=batch_size, max_size=batch_size),
+                 label="indices")
+    if draw(st.integers(0, 3), label="invalid indices?") > 0:
+        as_list = draw(st.booleans(), label="as a list")
+        return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"indices {valid}")
+    problem = draw(st.sampled_from(["negative", "too large", "too many", "too few", "floats", "bools"]),
+                   label="problem")
+    where = draw(st.integers(0, batch_size - 1), label="where")
+    value: object
+    if problem in ("negative", "too large"):
+        bad = list(valid)
+        bad[where] = -1 - where if problem == "negative" else batch_size + where
+        value = np.array(bad, dtype=np.int64)
+    elif problem == "too many":
+        value = np.array([*valid, 0], dtype=np.int64)
+    elif problem == "too few":
+        value = np.array(valid[:-1], dtype=np.int64)
+    elif problem == "floats":
+        value = np.array(valid, dtype=np.float64)
+    else:
+        value = np.array([i % 2 == 0 for i in range(batch_size)])
+    return Argument(value, ErrorKind.INVALID_INDICES.value, f"indices {value.tolist()} of {value.dtype} ({problem})")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def length_problem(value: object, length: int) -> ErrorKind | None:
+    """What is wrong with ``truncate(value)`` on a cache of ``length`` rows (docs/spec.md §13.2): not an int (a
+    bool is not, nor ``2.0``), negative, or above the length is INVALID_LENGTH; None if valid. The rules derive
+    the verdict from this and the state they are in, so that a replayed argument is judged where it lands."""
+    return None if _is_int(value) and 0 <= int(value) <= length else ErrorKind.INVALID_LENGTH  # type: ignore[call-overload]
+
+
+def indices_problem(value: object, batch_size: int) -> ErrorKind | None:
+    """What is wrong with ``reorder(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.3): anything but
+    ``batch_size`` ints (a list, or a 1-D integer array), each in ``[0, batch_size)``, is INVALID_INDICES."""
+    if isinstance(value, np.ndarray):
+        ints = value.ndim == 1 and value.dtype.kind in "iu"
+        entries = value.tolist() if ints else []
+    elif isinstance(value, list):
+        ints, entries = all(_is_int(i) for i in value), value
+    else:
+        return ErrorKind.INVALID_INDICES
+    if not ints or len(entries) != batch_size or any(not 0 <= int(i) < batch_size for i in entries):
+        return ErrorKind.INVALID_INDICES
+    return None

@@ -1,0 +1,30 @@
+"""The conformance machines, one module each, and the registry by which traces name them.
+
+- ``layer``: a layer-bound cache, one row at a time (its rules: ``layer_steps``);
+- ``operations``: the same steps with chunks, truncation, reorders, forks and windows;
+- ``session``: a decoder's decode session;
+- ``store``: the longest-common-prefix store;
+- ``paged``: a paged pool sharing blocks between sequences (its rules, stated independently: ``paged_rules``).
+
+``base`` is the machine side of the judging core, and the helpers the decoder
+machines share; ``layer_model`` what a layer cache must hold. A machine never
+imports another.
+"""
+
+from __future__ import annotations
+
+from ..traces.recording import TracedMachine
+from .layer import LayerCacheMachine
+from .operations import CacheOperationsMachine
+from .paged import PagedCacheMachine
+from .session import SessionMachine
+from .store import PrefixStoreMachine
+
+# The machines a trace may name (a trace never names a module: it cannot make replay import code).
+MACHINES: dict[str, type[TracedMachine]] = {
+    "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
+    "cache_operations": CacheOperationsMachine, "paged": PagedCacheMachine,
+}
+
+__all__ = ["MACHINES", "CacheOperationsMachine", "LayerCacheMachine", "PagedCacheMachine", "PrefixStoreMachine",
+           "SessionMachine"]

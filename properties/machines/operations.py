@@ -1,0 +1,145 @@
+"""The cache-operations machine: chunked append, truncate, batch reorder, fork, sliding windows (docs/spec.md §13).
+
+Every rule of the layer's one-row step (``layer_steps``: single rows,
+malformed and non-finite inputs, other layers, reset, weight updates) plus
+the optional operations, each drawn only when its capability is declared.
+The model is the same -- the rows fed since the cache was created or reset,
+recomputed by the oracle -- so an operation's meaning is what it does to that
+list (``layer_model``).
+
+Several caches may be live at once (forks): the one operated on, and up to
+two parked ones. A parked cache must not change at all -- bit for bit, in
+everything its snapshot shows -- while others are written, in either
+direction; when it is operated on again it is checked against the oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .. import generate as g
+from ..judge.calls import Inputs
+from ..judge.policy import VALID, Due, unchanged
+from ..oracle import FLOAT64, NumberSystem
+from ..protocol.kinds import Capability, ErrorKind
+from ..traces.recording import Draws, rule
+from .layer_steps import LayerSteps, Parked, observed, shown
+
+MAX_PARKED = 2  # live caches besides the one operated on
+
+
+class CacheOperationsMachine(LayerSteps):
+    """The layer's one-row steps with chunks, truncation, reorders and forks, optionally on a sliding-window cache."""
+
+    def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64, style: str | None = None,
+                 grouped: bool | None = None, windowed: bool = False) -> None:
+        super().__init__(adapter, numbers, style=style, grouped=grouped, windowed=windowed)
+
+    # -- chunks --------------------------------------------------------------------------------------------
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.peaked)
+    def append_chunk(self, data: Draws) -> None:
+        """T >= 1 valid rows at once, in any layout: causal inside the chunk, exact; or FULL if even one row
+        does not fit (nothing written), or REVISION_MISMATCH if stale."""
+        room = self.config.capacity - len(self.model.rows)
+        tokens = data.draw(st.integers(1, g.MAX_CHUNK) if room <= 0 else
+                           st.integers(1, min(room, g.MAX_CHUNK)) | st.just(room + 1), label="tokens")
+        x = g.with_layout(data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width),
+                                    label="chunk"), *data.draw(g.layouts(), label="layout"))
+        due = self._due(tokens=tokens)
+        what = f"append a chunk of {tokens} at position {len(self.model.rows)}"
+        if due.kind is None:
+            self._append_and_check(x, what, chunk=True)
+        else:
+            self._step(x, due, f"{what} to a {'stale' if self.model.stale else 'full'} cache", chunk=True)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_malformed_chunk(self, data: Draws) -> None:
+        """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides."""
+        bad = data.draw(g.malformed_rows(self.model.batch_size, self.config.model_width, chunked=True),
+                        label="malformed chunk")
+        self._step(bad.value, Due.check(bad.kind), f"append a chunk: {bad.description}", chunk=True)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_non_finite_chunk(self, data: Draws) -> None:
+        """A chunk with one inf or NaN in any of its rows: none of its rows is written."""
+        tokens = data.draw(st.integers(1, g.MAX_CHUNK), label="tokens")
+        x = data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width), label="chunk").copy()
+        index = data.draw(st.tuples(*(st.integers(0, n - 1) for n in x.shape)), label="index")
+        bad = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]), label="value")
+        x[index] = bad
+        self._step(x, self._due(tokens=tokens, non_finite=True), f"append a chunk of {tokens} with {bad} at {index}",
+                   chunk=True)
+
+    # -- truncation ----------------------------------------------------------------------------------------
+
+    @rule(requires=[Capability.TRUNCATE], data=st.data())
+    def truncate(self, data: Draws) -> None:
+        """Keep the first n rows: the next row goes at position n. An invalid n is INVALID_LENGTH (where
+        claimed). A window cache must truncate wherever it still shows every row the next query sees; where
+        it does not, it may refuse with EVICTED (nothing changed) or succeed exactly."""
+        n = data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value
+        what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
+        problem = g.length_problem(n, len(self.model.rows))  # of this state: a replayed n may land elsewhere
+        if problem is not None:
+            due = Due.check(problem)
+        elif self.window is not None and not self._shows_rows_for(int(n)):  # type: ignore[call-overload]
+            due = Due(may_refuse=ErrorKind.EVICTED)
+        else:
+            due = VALID
+        judged = self.call(what, lambda: self.adapter.truncate(self.cache, n), due=due, inputs=Inputs(),
+                           observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
+        if judged.to_judge:
+            self.model.cut(int(n))  # type: ignore[call-overload]
+
+    def _shows_rows_for(self, n: int) -> bool:
+        """Whether the window cache's snapshot shows every row a query at position n sees: n-W+1 .. n-1."""
+        assert self.window is not None
+        shown_positions = set(self._snapshot(self.cache, "before truncating").positions.tolist())  # type: ignore
+        return all(p in shown_positions for p in range(max(0, n - self.window + 1), n))
+
+    # -- batch reorder -------------------------------------------------------------------------------------
+
+    @rule(requires=[Capability.BATCH_REORDER], data=st.data())
+    def reorder(self, data: Draws) -> None:
+        """Batch row b becomes the old row indices[b], along the batch axis only; repeats and drops allowed.
+        Invalid indices are INVALID_INDICES (where claimed), nothing changed."""
+        indices = data.draw(g.batch_indices(self.model.batch_size), label="indices")
+        what = f"reorder the batch by {indices.description}"
+        handed = Inputs()
+        given = handed("indices", indices.value)
+        due = Due.check(g.indices_problem(indices.value, self.model.batch_size))
+        judged = self.call(what, lambda: self.adapter.reorder(self.cache, given), due=due, inputs=handed,
+                           observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
+        if judged.to_judge:
+            self.model.gather(np.asarray(indices.value, dtype=np.int64))
+
+    # -- forks ---------------------------------------------------------------------------------------------
+
+    @rule(requires=[Capability.FORK], data=st.data(), when=lambda self: len(self.parked) < MAX_PARKED)
+    def fork(self, data: Draws) -> None:
+        """An independent copy, showing exactly what the original shows; go on with either, park the other."""
+        what = "fork the cache"
+        original = self._snapshot(self.cache, what)
+        twin = self.call(what, lambda: self.adapter.fork(self.cache)).value
+        copy = self._snapshot(twin, f"{what}: the copy")
+        unchanged(shown(original), shown(copy), f"{what}: the copy", kind="fork differs from the original",
+                  because="a fork must show exactly what the original shows")
+        unchanged(shown(original), shown(self._snapshot(self.cache, what)), f"{what}: the original",
+                  kind="forking changed the original", because="forking must not change the original")
+        if data.draw(st.booleans(), label="go on with the copy"):
+            self.parked.append(Parked(self.cache, self.model.copy(), original))
+            self.cache = twin
+        else:
+            self.parked.append(Parked(twin, self.model.copy(), copy))
+
+    @rule(data=st.data(), when=lambda self: bool(self.parked))
+    def switch_cache(self, data: Draws) -> None:
+        """Park the cache operated on; operate on a parked one."""
+        index = data.draw(st.integers(0, len(self.parked) - 1), label="parked cache")
+        chosen = self.parked.pop(index)
+        self.parked.append(Parked(self.cache, self.model, self._snapshot(self.cache, "park the cache")))
+        self.cache, self.model = chosen.cache, chosen.model

@@ -1,0 +1,560 @@
+"""The stateful conformance machine for paged KV caches with prefix sharing (docs/spec.md §14, capability
+``paged_prefix_sharing``).
+
+The model side is every live sequence (tokens, scope, the weights that computed
+its rows) and what the pool must have registered: for each block, the identity
+of the content it was registered with -- the whole token prefix up to its end,
+plus the extra keys the adapter declares (``paged_rules``). Blocks are learned
+from the adapter's own accounting, and every step is checked against the rules
+stated in ``paged_rules``: the reuse an add owes, the blocks an operation
+takes, what the declared eviction policy may evict, when the pool is full.
+
+After every step: every live sequence's logits and rows equal the oracle's
+full recomputation; free + referenced + cached = total, and each reference
+count is the number of tables holding the block; a block is shared only
+between sequences whose whole prefix up to it is equal under the declared
+keys. A call that raises -- ``full``, invalid tokens, an invalid length, a
+stale sequence -- must change nothing, for every adapter; its error kind is
+judged where claimed (``full`` of a pool is part of ``paged_prefix_sharing``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .. import generate as g
+from ..judge.calls import Inputs
+from ..judge.checks import fields
+from ..judge.failures import NonConformance
+from ..judge.policy import Due, Expect
+from ..oracle import FLOAT64, DecoderWeights, NumberSystem, random_decoder_weights
+from ..protocol.decoder import BlockState
+from ..protocol.kinds import Capability, ErrorKind
+from ..protocol.paged import PAGED_PREFIX_SHARING, PagedPolicy, PoolState
+from ..traces.recording import Draws, initialize, invariant, rule
+from .base import (
+    ConformanceMachine,
+    DecoderOracle,
+    block_states,
+    blocks_match_oracle,
+    create_decoder,
+    observed_blocks,
+    signature,
+    update_block_weights,
+)
+from .paged_rules import (
+    ChainKey,
+    blocks_for,
+    blocks_needed,
+    chain_keys,
+    eviction_problem,
+    expected_hit,
+    extra_keys,
+    fits,
+    same_prefix,
+)
+
+SCOPES = ("app", "other app")
+MAX_LENGTH = 10  # tokens per sequence: the oracle recomputes every live one after every step
+MAX_BLOCK_SIZE, MAX_BLOCKS = 3, 8
+INVALID_LENGTHS = ("one past the length", "negative", "a bool", "an integral float", "a string")
+VARIANTS = ("same", "extend", "prefix", "edit")  # adds built from an earlier one, to make prefixes meet
+
+
+@dataclass
+class Live:
+    """A live sequence as the model knows it."""
+
+    tokens: list[int]
+    decoder: int
+    scope: str
+    weights: DecoderWeights  # what its rows were computed with
+    signature: str
+    stale: bool = False  # its decoder's weights were written in place since
+    settled: int = 0  # its leading full blocks already offered for registration (a block is offered once, when full)
+
+
+def invalid_length(problem: str, length: int) -> object:
+    return {"one past the length": length + 1, "negative": -1, "a bool": True, "an integral float": float(length),
+            "a string": str(length)}[problem]
+
+
+class PagedCacheMachine(ConformanceMachine):
+    """Adds, appends, forks, truncations and frees of many sequences in one pool; weight updates, other scopes,
+    pool exhaustion, invalid calls."""
+
+    layer_caches = False  # a pool's rows are judged by the dtype rule (docs/spec.md §13.6)
+
+    def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
+        super().__init__(adapter, numbers)
+        self.policy = PagedPolicy.of(adapter)
+
+    # -- set-up --------------------------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def build_pool(self, data: Draws) -> None:
+        self.config = data.draw(g.paged_decoder_configs(self.capabilities), label="decoder")
+        # Two computations share one pool only where the hash keeps them apart (declared "signature").
+        count = 2 if "signature" in self.policy.hash_keys else 1
+        seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=count, max_size=count), label="seeds")
+        self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
+        self.decoders = [create_decoder(self, self.config, weights) for weights in self.weights]
+        self.block_size = data.draw(st.integers(1, MAX_BLOCK_SIZE), label="block size")
+        self.num_blocks = data.draw(st.integers(2, MAX_BLOCKS), label="blocks")
+        self._oracle = DecoderOracle(self.config, self.judge)
+        self._new_pool()
+
+    def _new_pool(self) -> None:
+        what = f"create a pool of {self.num_blocks} blocks of {self.block_size}"
+        self.pool = self.must(what, lambda: self.adapter.create_pool(self.config, self.block_size, self.num_blocks))
+        self.live: dict[Hashable, Live] = {}
+        self.registered: dict[ChainKey, int] = {}  # content identity -> the block registered with it
+        self.content: dict[int, ChainKey] = {}  # block -> the identity it is registered with
+        self.stamps: dict[int, int] = {}  # cached block -> when it was cached
+        self.clock = 0
+        self.history: list[tuple[list[int], str, int]] = []  # earlier adds: (tokens, scope, decoder)
+        self._verified: dict[Hashable, tuple[Any, ...]] = {}  # sequence -> what its rows were checked as
+        self.state = self._read_state(what)
+        self._check_accounting(self.state, what)
+
+    # -- reading the adapter ---------------------------------------------------------------------------------
+
+    def _read_state(self, what: str) -> PoolState:
+        raw = self.must(f"{what}: pool state", lambda: self.adapter.paged_state(self.pool))
+        total, free, cached, references, tables = fields(raw, ("total", "free", "cached", "references", "tables"),
+                                                         what)
+        try:
+            return PoolState(int(total), int(free), tuple(int(b) for b in cached),
+                             {int(b): int(n) for b, n in dict(references).items()},
+                             {sequence: tuple(int(b) for b in table) for sequence, table in dict(tables).items()})
+        except (TypeError, ValueError) as error:
+            raise NonConformance(f"{what}: malformed pool state: {error}", kind="malformed pool state") from error
+
+    def _read_rows(self, sequence: Hashable, what: str) -> tuple[BlockState, ...]:
+        return block_states(self.must(f"{what}: rows", lambda: self.adapter.paged_rows(self.pool, sequence)), what)
+
+    def _observed(self, what: str) -> dict[str, Any]:
+        """What a call must not change: the pool's accounting, and every live sequence's rows."""
+        state = self._read_state(what)  # first: a sequence the call dropped has no rows to read
+        seen: dict[str, Any] = {"the pool's accounting": state}
+        for sequence in self.live:
+            if sequence in state.tables:
+                seen.update(observed_blocks(self._read_rows(sequence, what), prefix=f"sequence {sequence!r} "))
+        return seen
+
+    # -- the rules, applied to what the adapter did ----------------------------------------------------------
+
+    def _keys(self, live: Live) -> tuple[tuple[str, str], ...]:
+        return extra_keys(self.policy, live.scope, live.signature)
+
+    def _chains(self, live: Live) -> list[ChainKey]:
+        return chain_keys(live.tokens, live.scope, live.signature, self.policy, self.block_size)
+
+    def _check_accounting(self, state: PoolState, what: str) -> None:
+        """Tables as long as their sequences; references = tables holding each block; free + referenced +
+        cached = total; nothing both cached and referenced."""
+        def fail(problem: str) -> None:
+            raise NonConformance(f"{what}: {problem}", kind="pool accounting")
+
+        if state.total != self.num_blocks:
+            fail(f"the pool reports {state.total} blocks, but was created with {self.num_blocks}")
+        if set(state.tables) != set(self.live):
+            fail(f"the pool has tables for {sorted(map(repr, state.tables))}, but the live sequences are "
+                 f"{sorted(map(repr, self.live))}")
+        held: Counter[int] = Counter()
+        for sequence, table in state.tables.items():
+            wanted = blocks_for(len(self.live[sequence].tokens), self.block_size)
+            if len(table) != wanted or len(set(table)) != len(table):
+                fail(f"sequence {sequence!r} of {len(self.live[sequence].tokens)} tokens has table {list(table)}, "
+                     f"but needs {wanted} distinct blocks")
+            held.update(table)
+        if any(not 0 <= b < self.num_blocks for b in (*held, *state.cached)):
+            fail(f"a block id outside [0, {self.num_blocks}): tables {state.tables}, cached {state.cached}")
+        if state.references != dict(held):
+            fail(f"reference counts {state.references}, but the tables hold {dict(held)}")
+        if set(state.cached) & set(held) or len(set(state.cached)) != len(state.cached):
+            fail(f"cached blocks {list(state.cached)} must be distinct and held by no table")
+        if state.free + len(held) + len(state.cached) != state.total:
+            fail(f"free {state.free} + referenced {len(held)} + cached {len(state.cached)} != total {state.total}")
+
+    def _settle(self, after: PoolState, before: PoolState, needed: int, what: str, hit: set[int] = frozenset()) \
+            -> None:  # type: ignore[assignment]
+        """Learn what the step registered and evicted (``hit``: the cached blocks an add reused), and check
+        that against the rules."""
+        self._check_accounting(after, what)
+        chains = {sequence: self._chains(live) for sequence, live in self.live.items()}
+        placed = {(after.tables[q][i], key) for q, keys in chains.items() for i, key in enumerate(keys)}
+        returned = set(before.cached) - set(after.cached) - hit
+        same_content = {b for b in returned if (b, self.content.get(b)) in placed}
+        evicted = returned - same_content
+        problem = eviction_problem(self.policy, needed, before.free, {b: self.stamps[b] for b in before.cached},
+                                   hit, evicted, same_content)
+        if problem:
+            raise NonConformance(f"{what}: {problem}", kind="eviction against the declared policy")
+        for block in evicted:
+            del self.registered[self.content.pop(block)]
+        for block in self.content:
+            if block not in after.references and block not in after.cached:
+                raise NonConformance(f"{what}: block {block} holds registered content {self._show(block)} and no "
+                                     "table holds it, but it was freed: it must stay cached until evicted",
+                                     kind="registered block not cached")
+        for sequence, keys in chains.items():
+            for index, (block, key) in enumerate(zip(after.tables[sequence], keys)):
+                if block in self.content and self.content[block] != key:
+                    raise NonConformance(
+                        f"{what}: sequence {sequence!r} holds block {block} for {_describe(key)}, but the block "
+                        f"was registered with {self._show(block)}", kind="block shared across different prefixes")
+                # A block is registered when it becomes full, unless its content is registered already (then it
+                # stays a private duplicate, or is replaced by the registered block).
+                if index >= self.live[sequence].settled and block not in self.content and key not in self.registered:
+                    self.registered[key], self.content[block] = block, key
+            self.live[sequence].settled = len(keys)
+        for block in set(before.cached) - set(after.cached):
+            del self.stamps[block]
+        for block in set(after.cached) - set(before.cached):
+            if block not in self.content:
+                raise NonConformance(f"{what}: block {block} is cached, but holds no registered content",
+                                     kind="unregistered block cached")
+            self.stamps[block] = self.clock
+        self.clock += 1
+        self.state = after
+
+    def _show(self, block: int) -> str:
+        return _describe(self.content[block])
+
+    def _rejected(self, what: str, expected: ErrorKind, claim: str, action: Callable[[], Any],
+                  handed: Inputs) -> None:
+        """A call whose first failing check gives ``expected``, judged under ``claim`` by the call policy;
+        accepted without the claim, the pool's contents are unspecified from then on, and it is replaced."""
+        self.call(what, action, due=Due.check(expected, claim), inputs=handed, observe=lambda: self._observed(what),
+                  replace=self._new_pool)
+
+    # -- operations --------------------------------------------------------------------------------------------
+
+    def _add(self, tokens: list[int], scope: str, index: int) -> None:
+        weights = self.weights[index]
+        key = signature(weights)
+        hit = expected_hit(self.registered, tokens, scope, key, self.policy, self.block_size)
+        needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))
+        what = f"add {tokens} in scope {scope!r} with decoder {index}"
+        handed = Inputs()
+        given = handed("tokens", tokens)
+
+        def action() -> Any:
+            return self.adapter.paged_add(self.pool, self.decoders[index], scope, given)
+
+        before = self.state
+        if not fits(needed, before.free, set(before.cached), set(hit)):
+            self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
+            return
+        reference = self._oracle(weights, tokens)
+        result = self.call(what, action, inputs=handed, reused=len(hit) * self.block_size, blocks=hit).value
+        sequence, logits, reused = fields(result, ("sequence", "logits", "reused"), what)
+        if reused != len(hit) * self.block_size:
+            raise NonConformance(f"{what}: reused {reused} tokens, but the rules give {len(hit) * self.block_size} "
+                                 f"(registered blocks {hit}, block size {self.block_size}, policy "
+                                 f"{self.policy.described()})", kind="reuse differs from the rules")
+        wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[reused:])
+        self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits from position {reused}",
+                         check="logits", axes=("position", "token"))
+        if not isinstance(sequence, Hashable) or sequence in self.live:
+            raise NonConformance(f"{what}: returned sequence id {sequence!r}, which is not a new hashable id",
+                                 kind="malformed result")
+        self.live[sequence] = Live(list(tokens), index, scope, weights, key)
+        self.history = [*self.history, (list(tokens), scope, index)][-6:]
+        after = self._read_state(what)
+        table = after.tables.get(sequence, ())
+        if list(table[:len(hit)]) != hit:
+            raise NonConformance(f"{what}: its table starts {list(table[:len(hit)])}, but must reuse the registered "
+                                 f"blocks {hit}", kind="reuse differs from the rules")
+        self._settle(after, before, needed, what, set(hit))
+
+    def _append(self, sequence: Hashable, tokens: list[int]) -> None:
+        live = self.live[sequence]
+        before = self.state
+        length, table = len(live.tokens), before.tables[sequence]
+        last = table[-1] if table else None
+        shared = last is not None and (before.references.get(last, 0) > 1 or last in self.content)
+        needed = blocks_needed("append", length, self.block_size, new_tokens=len(tokens),
+                               last_block_shared_or_registered=shared)
+        what = f"append {tokens} to sequence {sequence!r} of {length} tokens"
+        handed = Inputs()
+        given = handed("tokens", tokens)
+
+        def action() -> Any:
+            return self.adapter.paged_append(self.pool, sequence, given)
+
+        if live.stale:
+            self._rejected(what, ErrorKind.REVISION_MISMATCH, Capability.BINDING_CHECKS.value, action, handed)
+            return
+        if not fits(needed, before.free, set(before.cached), set()):
+            self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
+            return
+        reference = self._oracle(live.weights, live.tokens + tokens)
+        wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[length:])
+        logits = self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value
+        self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits", check="logits",
+                         axes=("position", "token"))
+        live.tokens = live.tokens + tokens
+        after = self._read_state(what)
+        full = length // self.block_size
+        if after.tables[sequence][:full] != table[:full]:
+            raise NonConformance(f"{what}: its full blocks changed {list(table[:full])} -> "
+                                 f"{list(after.tables[sequence][:full])}", kind="full blocks replaced by an append")
+        if length % self.block_size and shared and after.tables[sequence][full] == last \
+                and self.content.get(last) != [*self._chains(live), None][full]:
+            raise NonConformance(f"{what}: wrote into block {last}, which is shared or registered: it must be "
+                                 "copied first (copy-on-write)", kind="copy-on-write missing")
+        self._settle(after, before, needed, what)
+
+    def _fork(self, sequence: Hashable) -> Hashable | None:
+        """Fork ``sequence``; the child's id, or None if the pool was full."""
+        live = self.live[sequence]
+        before = self.state
+        needed = blocks_needed("fork", len(live.tokens), self.block_size)
+        what = f"fork sequence {sequence!r} of {len(live.tokens)} tokens"
+
+        def action() -> Any:
+            return self.adapter.paged_fork(self.pool, sequence)
+
+        if not fits(needed, before.free, set(before.cached), set()):
+            self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, Inputs())
+            return None
+        child = self.call(what, action).value
+        if not isinstance(child, Hashable) or child in self.live:
+            raise NonConformance(f"{what}: returned sequence id {child!r}, which is not a new hashable id",
+                                 kind="malformed result")
+        self.live[child] = replace(live, tokens=list(live.tokens))
+        after = self._read_state(what)
+        self._check_accounting(after, what)
+        full, parent, copy = len(live.tokens) // self.block_size, after.tables[sequence], after.tables[child]
+        if copy[:full] != parent[:full]:
+            raise NonConformance(f"{what}: the fork's full blocks {list(copy[:full])} are not the parent's "
+                                 f"{list(parent[:full])}: a fork shares them", kind="fork does not share")
+        if copy[full:] and copy[full] in parent:
+            raise NonConformance(f"{what}: the fork holds the parent's partial block {copy[full]}: a fork copies it",
+                                 kind="fork aliases a partial block")
+        self._settle(after, before, needed, what)
+        return child
+
+    def _truncate(self, sequence: Hashable, length: int) -> None:
+        live = self.live[sequence]
+        before = self.state
+        what = f"truncate sequence {sequence!r} of {len(live.tokens)} tokens to {length}"
+        self.call(what, lambda: self.adapter.paged_truncate(self.pool, sequence, length))
+        live.tokens = live.tokens[:length]
+        live.settled = min(live.settled, length // self.block_size)
+        after = self._read_state(what)
+        kept = before.tables[sequence][:blocks_for(length, self.block_size)]
+        if after.tables.get(sequence) != kept:
+            raise NonConformance(f"{what}: table {after.tables.get(sequence)}, but must keep {list(kept)}",
+                                 kind="truncate")
+        self._settle(after, before, 0, what)
+
+    def _free(self, sequence: Hashable) -> None:
+        before = self.state
+        what = f"free sequence {sequence!r}"
+        self.call(what, lambda: self.adapter.paged_free(self.pool, sequence))
+        del self.live[sequence]
+        self._settle(self._read_state(what), before, 0, what)
+
+    # -- choosing what to do -------------------------------------------------------------------------------------
+
+    def _fresh(self, shortest: int = 0, longest: int = MAX_LENGTH) -> list[Hashable]:
+        """Live sequences computed with their decoder's current weights, of ``shortest..longest`` tokens."""
+        return [q for q, live in self.live.items() if not live.stale and shortest <= len(live.tokens) <= longest]
+
+    def _pick(self, data: Draws, among: list[Hashable], label: str) -> Hashable:
+        return among[data.choose(range(len(among)), label)]
+
+    def _tokens(self, data: Draws) -> tuple[list[int], str, int]:
+        """Tokens, scope and decoder of an add: fresh, or built from an earlier add so that prefixes meet."""
+        kind = data.choose(["fresh", *(VARIANTS if self.history else ())], "add kind")
+        vocab = self.config.vocab
+        if kind == "fresh":
+            tokens = data.draw(g.token_lists(vocab, 1, 8), label="tokens")
+            return tokens, data.choose(SCOPES, "scope"), data.choose(range(len(self.decoders)), "decoder")
+        base, scope, index = self.history[data.choose(range(len(self.history)), "from add")]
+        tokens = list(base)
+        if kind == "extend":
+            tokens += data.draw(g.token_lists(vocab, 1, 4), label="extension")
+        elif kind == "prefix":
+            tokens = tokens[:data.draw(st.integers(1, len(tokens)), label="keep")]
+        elif kind == "edit":
+            at = data.draw(st.integers(0, len(tokens) - 1), label="edit at")
+            tokens[at] = (tokens[at] + data.draw(st.integers(1, vocab - 1), label="shift")) % vocab
+        if not data.draw(st.booleans(), label="same scope and decoder"):
+            scope = data.choose(SCOPES, "scope")
+            index = data.choose(range(len(self.decoders)), "decoder")
+        return tokens[:MAX_LENGTH], scope, index
+
+    # -- rules -----------------------------------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def add(self, data: Draws) -> None:
+        self._add(*self._tokens(data))
+
+    @rule(data=st.data())
+    def add_twice_in_other_scopes(self, data: Draws) -> None:
+        """One prompt of two or more blocks in one scope, then in the other, then in the first again: shared
+        across scopes exactly when the declared hash leaves the scope out, and within a scope always."""
+        tokens = data.draw(g.token_lists(self.config.vocab, self.block_size + 1, MAX_LENGTH), label="tokens")
+        index = data.choose(range(len(self.decoders)), "decoder")
+        for scope in (SCOPES[0], SCOPES[1], SCOPES[0]):
+            self._add(tokens, scope, index)
+
+    @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
+    def append(self, data: Draws) -> None:
+        sequence = self._pick(data, self._fresh(longest=MAX_LENGTH - 1), "sequence")
+        room = MAX_LENGTH - len(self.live[sequence].tokens)
+        self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, min(3, room)), label="tokens"))
+
+    @rule(data=st.data(), when=lambda self: self._fresh())
+    def fork(self, data: Draws) -> None:
+        self._fork(self._pick(data, self._fresh(), "sequence"))
+
+    @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
+    def fork_and_append_to_both(self, data: Draws) -> None:
+        """A fork, then tokens appended to parent and child: neither may see the other's rows."""
+        sequence = self._pick(data, self._fresh(longest=MAX_LENGTH - 1), "sequence")
+        child = self._fork(sequence)
+        for target in (sequence, child):
+            if target in self.live:
+                self._append(target, data.draw(g.token_lists(self.config.vocab, 1, 1), label="tokens"))
+
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
+    def truncate(self, data: Draws) -> None:
+        sequence = self._pick(data, self._fresh(), "sequence")
+        self._truncate(sequence, data.draw(st.integers(0, len(self.live[sequence].tokens)), label="keep"))
+
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh(shortest=2))
+    def truncate_into_a_shared_block_then_append(self, data: Draws) -> None:
+        """Two sequences share a block (a fork); one is cut inside it and grows again with other tokens: it must
+        copy the block first, and the other keeps its rows."""
+        sequence = self._pick(data, self._fresh(shortest=2), "sequence")
+        length = len(self.live[sequence].tokens)
+        self._fork(sequence)
+        self._truncate(sequence, data.draw(st.integers(1, length - 1), label="keep"))
+        self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, 2), label="tokens"))
+
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
+    def truncate_to_an_invalid_length(self, data: Draws) -> None:
+        """invalid_length where validates_length is claimed; from every adapter, if it raises, nothing changed."""
+        sequence = self._pick(data, self._fresh(), "sequence")
+        problem = data.choose(INVALID_LENGTHS, "problem")
+        length = invalid_length(problem, len(self.live[sequence].tokens))
+        handed = Inputs()
+        given = handed("length", length)
+        self._rejected(f"truncate sequence {sequence!r} to {problem} ({length!r})", ErrorKind.INVALID_LENGTH,
+                       Capability.VALIDATES_LENGTH.value,
+                       lambda: self.adapter.paged_truncate(self.pool, sequence, given), handed)
+
+    @rule(data=st.data())
+    def add_invalid_tokens(self, data: Draws) -> None:
+        problem, tokens = data.draw(g.invalid_token_sequences(self.config.vocab), label="invalid tokens")
+        handed = Inputs()
+        given = handed("tokens", tokens)
+        self._rejected(f"add {problem}", ErrorKind.INVALID_TOKENS, Capability.VALIDATES_TOKENS.value,
+                       lambda: self.adapter.paged_add(self.pool, self.decoders[0], SCOPES[0], given), handed)
+
+    @rule(data=st.data(), when=lambda self: self.live)
+    def free(self, data: Draws) -> None:
+        self._free(self._pick(data, list(self.live), "sequence"))
+
+    @rule(when=lambda self: self.live)
+    def free_everything(self) -> None:
+        """Nothing leaks: with every sequence freed, every block is free or cached."""
+        for sequence in list(self.live):
+            self._free(sequence)
+        if self.state.references:
+            raise NonConformance(f"every sequence freed, but blocks are still referenced: {self.state.references}",
+                                 kind="pool accounting")
+
+    @rule(data=st.data())
+    def exhaust_the_pool(self, data: Draws) -> None:
+        """Fresh prompts added until one no longer fits: full, with nothing changed; cached blocks evicted on the
+        way as the declared policy says. Then the prompts are freed again (their blocks cached), so that the
+        machine goes on with few live sequences."""
+        added = []
+        for _ in range(self.num_blocks + 1):  # every add takes a block: one of these no longer fits
+            tokens = data.draw(g.token_lists(self.config.vocab, 1, min(MAX_LENGTH, 2 * self.block_size)),
+                               label="tokens")
+            before = set(self.live)
+            self._add(tokens, data.choose(SCOPES, "scope"), 0)
+            if set(self.live) == before:
+                break
+            added += list(set(self.live) - before)
+        for sequence in added:
+            if sequence in self.live:
+                self._free(sequence)
+
+    @rule(data=st.data())
+    def update_weights_in_place(self, data: Draws) -> None:
+        """A weight update: new adds must not reuse rows of the old weights. Where the declared hash leaves the
+        signature out, the pool belongs to one computation, and the update comes with a new pool."""
+        index = data.choose(range(len(self.decoders)), "decoder")
+        block, new = data.draw(g.block_update(self.weights[index]), label="block update")
+        self.weights[index] = update_block_weights(self, self.decoders[index], self.weights[index], block,
+                                                   new, f"update decoder {index}'s layer {block} in place")
+        if "signature" not in self.policy.hash_keys:
+            self._new_pool()
+            return
+        for live in self.live.values():
+            live.stale = live.stale or live.decoder == index
+
+    @rule(data=st.data(), when=lambda self: any(live.stale for live in self.live.values()))
+    def append_to_a_stale_sequence(self, data: Draws) -> None:
+        """revision_mismatch where binding_checks is claimed; if it raises, nothing changed."""
+        sequence = self._pick(data, [q for q, live in self.live.items() if live.stale], "sequence")
+        self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, 2), label="tokens"))
+
+    # -- after every step -------------------------------------------------------------------------------------------
+
+    @invariant()
+    def pool_matches_the_model(self) -> None:
+        what = "after the last step"
+        self.tape.expect(what, expect=Expect.STATE.value,
+                         sequences=[[repr(q), list(live.tokens)] for q, live in self.live.items()])
+        state = self._read_state(what)
+        if state != self.state:
+            raise NonConformance(f"{what}: reading the pool changed it ({self.state} -> {state})",
+                                 kind="pool accounting")
+        self._check_accounting(state, what)
+        holders: dict[int, list[tuple[Hashable, int, list[int], Any]]] = {}
+        for sequence, table in state.tables.items():
+            live = self.live[sequence]
+            for index, block in enumerate(table):
+                holders.setdefault(block, []).append((sequence, index, live.tokens, self._keys(live)))
+        for block, sharing in holders.items():
+            problem = same_prefix(sharing, self.block_size) if len(sharing) > 1 else None
+            if problem:
+                raise NonConformance(f"{what}: block {block} is shared unsoundly: {problem}",
+                                     kind="block shared across different prefixes")
+        verified = {}
+        for sequence, live in self.live.items():
+            rows = self._read_rows(sequence, what)
+            if len(rows) != self.config.blocks:
+                raise NonConformance(f"{what}: sequence {sequence!r} has rows for {len(rows)} layers, but the "
+                                     f"decoder has {self.config.blocks}", kind="malformed rows")
+            # Rows byte for byte as verified after an earlier step, for the same tokens and weights, need no
+            # second comparison with the oracle (they must still be read: any step may have written into them).
+            fingerprint = (id(live.weights), tuple(live.tokens), *(a.tobytes() for r in rows for a in (
+                r.keys, r.values, r.positions)))
+            if self._verified.get(sequence) != fingerprint:
+                trace = self._oracle(live.weights, live.tokens) if live.tokens else None
+                blocks_match_oracle(rows, trace, None, len(live.tokens), self.judge,
+                                    f"{what}: sequence {sequence!r} ({live.tokens}, scope {live.scope!r})")
+            verified[sequence] = fingerprint
+        self._verified = verified
+
+
+def _describe(key: ChainKey) -> str:
+    extra, tokens = key
+    shown = ", ".join(f"{name} {value[:12]!r}" for name, value in extra)
+    return f"prefix {list(tokens)}" + (f" ({shown})" if shown else "")

@@ -1,0 +1,27 @@
+"""The adapter protocol: the only way the suite reaches an implementation.
+
+An adapter is any object with the attributes and methods its capabilities
+call for (structural typing: nothing to import or subclass). Error kinds and
+capabilities are plain strings. The parts:
+
+- ``kinds``: ``ErrorKind``, ``Capability``, and which claim judges which kind;
+- ``layer``: ``KvCacheAdapter`` and ``CacheOperations``, with ``CacheSnapshot``;
+- ``decoder``: ``DecoderAdapter`` (sessions and the prefix store);
+- ``paged``: ``PagedCacheAdapter`` and its declared ``PagedPolicy``;
+- ``declarations``: the methods a declaration obliges, ``layer_limits``,
+  the precision and storage declarations, and what contradicts what.
+
+See docs/adapters.md for a minimal complete example.
+"""
+
+from ..oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
+from .declarations import METHODS_OF, LayerLimits, required_methods
+from .decoder import BlockState, DecoderAdapter, StoreEntry, StoreResult
+from .kinds import CLAIMED_BY, LAYER_CONVENTIONS, VALIDATIONS, Capability, ErrorKind, declared
+from .layer import CacheOperations, CacheSnapshot, KvCacheAdapter
+from .paged import PagedAdd, PagedCacheAdapter, PagedPolicy, PolicyError, PoolState
+
+__all__ = ["CLAIMED_BY", "LAYER_CONVENTIONS", "METHODS_OF", "VALIDATIONS", "AttentionWeights", "BlockState",
+           "CacheOperations", "CacheSnapshot", "Capability", "DecoderAdapter", "DecoderConfig", "DecoderWeights",
+           "ErrorKind", "KvCacheAdapter", "LayerLimits", "PagedAdd", "PagedCacheAdapter", "PagedPolicy",
+           "PolicyError", "PoolState", "RopeConfig", "StoreEntry", "StoreResult", "declared", "required_methods"]

@@ -1,0 +1,156 @@
+"""What an adapter declares besides its capabilities, read and checked in one place.
+
+- the methods its capabilities oblige it to have (``required_methods``);
+- ``layer_limits``: the geometries its layers can take (``LayerLimits``);
+- ``dtype``, ``mixed_precision`` and ``storage``: the precision rule it is
+  judged by (``declared_precision``, ``declared_storage``);
+- contradictions and claims that could never be observed
+  (``declaration_problems``).
+
+A declaration the suite cannot judge is a usage error when the adapter is
+loaded, never a verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
+from .kinds import LAYER_CONVENTIONS, Capability, declared
+
+# The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
+METHODS_OF = {
+    "layer caches": ("create_layer", "recreate_layer", "with_rope", "update_weights", "create_cache", "step", "reset",
+                     "snapshot"),
+    Capability.CHUNKED_APPEND.value: ("append",), Capability.TRUNCATE.value: ("truncate",),
+    Capability.BATCH_REORDER.value: ("reorder",), Capability.FORK.value: ("fork",),
+    Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
+                                      "reset_session", "session_state"),
+    Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
+                                    "store_query", "store_entries"),
+    Capability.PAGED_PREFIX_SHARING.value: ("create_decoder", "update_block_weights", "create_pool", "paged_add",
+                                            "paged_append", "paged_fork", "paged_free", "paged_rows", "paged_state"),
+    # paged_truncate only where the paged_policy declares truncate (properties/paged_protocol.py)
+}
+
+
+def required_methods(capabilities: Any) -> list[str]:
+    """The methods an adapter declaring ``capabilities`` must have, in a stable order."""
+    names = declared(capabilities)
+    wanted = ["error_kind"]
+    groups = (["layer caches"] if names & LAYER_CONVENTIONS else []) + sorted(names & set(METHODS_OF))
+    for group in groups:
+        wanted += [method for method in METHODS_OF[group] if method not in wanted]
+    return wanted
+
+
+
+@dataclass(frozen=True)
+class LayerLimits:
+    """The geometries an implementation can build (an adapter's optional ``layer_limits``, a mapping).
+
+    The suite draws only layers within them, and the report says so. Every
+    field is optional; the defaults are the suite's own ranges.
+    """
+
+    model_width_is_heads_times_head_width: bool = False  # D == H * dh (most model code assumes it)
+    max_heads: int | None = None
+    max_head_width: int | None = None
+    max_model_width: int | None = None
+    max_batch: int | None = None
+    max_capacity: int | None = None
+    min_window: int | None = None  # the smallest sliding window a window cache is built with (sliding_window_layer)
+
+    @classmethod
+    def of(cls, adapter: Any) -> LayerLimits:
+        given = getattr(adapter, "layer_limits", None) or {}
+        if isinstance(given, LayerLimits):
+            return given
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise TypeError(f"layer_limits: unknown limit {', '.join(map(repr, unknown))}; known: {sorted(known)}")
+        for name, value in given.items():
+            wanted = bool if name == "model_width_is_heads_times_head_width" else int
+            if not isinstance(value, wanted) or (wanted is int and (isinstance(value, bool) or value < 1)):
+                raise TypeError(f"layer_limits[{name!r}] must be {'a bool' if wanted is bool else 'an int >= 1'}, "
+                                f"got {value!r}")
+        return cls(**given)
+
+    def described(self) -> dict[str, Any]:
+        """The limits that differ from the suite's defaults (for reports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+DTYPES = ("float64", *LOW_PRECISIONS)
+
+
+def declared_dtype(adapter: Any) -> str:
+    return str(getattr(adapter, "dtype", "float64"))
+
+
+def declared_precision(adapter: Any) -> tuple[str, dict[str, str]]:
+    """What ``adapter`` declares: its ``dtype`` and its ``mixed_precision`` components, checked.
+
+    Raises ValueError naming the attribute if the declaration is not one the suite can judge.
+    """
+    dtype = declared_dtype(adapter)
+    return dtype, check_precision(dtype, getattr(adapter, "mixed_precision", None) or {})
+
+
+STORAGE_KEYS = ("format", "scale", "update")
+
+
+def declared_storage(adapter: Any) -> StorageFormat | None:
+    """The adapter's ``storage`` declaration as a ``StorageFormat`` (None: rows stored in the dtype).
+
+    Raises ValueError naming what is wrong if the declaration is not one the suite can judge.
+    """
+    given = getattr(adapter, "storage", None)
+    if given is None:
+        return None
+    if not isinstance(given, Mapping) or "format" not in given or set(given) - set(STORAGE_KEYS):
+        raise ValueError(f"storage must map {', '.join(STORAGE_KEYS)} (format required), e.g. "
+                         f"{{'format': 'float8_e4m3fn', 'scale': 'per_tensor', 'update': 'frozen'}}; got {given!r}")
+    try:
+        return StorageFormat(**{str(k): str(v) for k, v in given.items()})
+    except ValueError as error:
+        raise ValueError(f"storage {dict(given)!r}: {error}") from None
+
+
+def check_precision(dtype: str, components: Any) -> dict[str, str]:
+    """``components`` as a plain dict, if ``dtype`` and ``mixed_precision`` make a rule; else ValueError."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not isinstance(components, Mapping):
+        raise ValueError(f"mixed_precision must map components to dtypes, e.g. {{'rope': 'float32'}}; "
+                         f"got {components!r}")
+    if components and dtype != "float64":
+        raise ValueError(f"mixed_precision {dict(components)!r} is for float64 adapters only; "
+                         f"this one declares dtype {dtype!r}")
+    try:
+        mixed_precision(components)
+    except ValueError as error:
+        raise ValueError(f"mixed_precision {dict(components)!r}: {error}") from None
+    return {str(name): str(value) for name, value in components.items()}
+
+
+def declaration_problems(adapter: Any) -> list[str]:
+    """Declarations that contradict each other or could never be checked (a verdict must not claim them)."""
+    capabilities = declared(adapter.capabilities)
+    problems = []
+    resets = sorted(c for c in capabilities if c.startswith("reset_"))
+    if resets and Capability.PHYSICAL_STORAGE.value not in capabilities:
+        problems.append(f"declares {', '.join(resets)}, which only physical_storage lets the suite observe")
+    if {Capability.RESET_KEEPS_BYTES.value, Capability.RESET_ZEROES.value} <= capabilities:
+        problems.append("declares reset_keeps_bytes and reset_zeroes: reset cannot both keep and zero the bytes")
+    if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
+            Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
+        problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")
+    try:
+        LayerLimits.of(adapter)
+    except TypeError as error:
+        problems.append(str(error))
+    return problems

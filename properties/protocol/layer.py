@@ -1,0 +1,107 @@
+"""The layer-cache half of an adapter: one attention layer and its caches (docs/spec.md §3-6, §13).
+
+An adapter is any object with the attributes and methods of ``KvCacheAdapter``
+(structural typing: nothing needs to be imported or subclassed). Layers and
+caches are opaque handles the suite passes back to the adapter. See
+``docs/adapters.md`` for a minimal complete example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..oracle import AttentionWeights, RopeConfig
+
+
+@dataclass(frozen=True, eq=False)
+class CacheSnapshot:
+    """Everything observable about a cache, as copies the suite may keep.
+
+    ``keys`` (rotated) and ``values`` (unrotated) are the logical prefix
+    ``[B, KV, length, dh]``; a sliding-window cache gives the rows it holds,
+    ``[B, KV, n, dh]``, oldest first, and their absolute ``positions [n]``
+    (docs/spec.md §13.5; None elsewhere). With ``physical_storage``, ``physical_keys`` and
+    ``physical_values`` are copies of the whole buffers ``[B, KV, C, dh]`` and
+    ``buffer_identity`` is any hashable that changes iff a buffer is
+    reallocated (e.g. the buffers' addresses); otherwise all three are None.
+    """
+
+    length: int
+    keys: np.ndarray
+    values: np.ndarray
+    physical_keys: np.ndarray | None = None
+    physical_values: np.ndarray | None = None
+    buffer_identity: Hashable | None = None
+    positions: np.ndarray | None = None
+
+
+@runtime_checkable
+class KvCacheAdapter(Protocol):
+    """Drives one KV-cache implementation for the suite.
+
+    Every array the suite passes is float64 unless a test says otherwise; the
+    adapter may keep it but must not write into it. ``step`` returns the
+    layer output ``[B, 1, D]``. Exceptions the implementation raises on
+    purpose must be mapped by ``error_kind``; returning None marks an
+    exception as unexpected. An optional ``dtype`` attribute (``"float64"``,
+    the default, ``"float32"``, ``"float16"``, ``"bfloat16"``) chooses the
+    tolerance rule (``properties/tolerance.py``).
+    """
+
+    name: str  # implementation id: names its example database and reports
+    version: str
+    capabilities: frozenset[str]
+
+    def create_layer(self, weights: AttentionWeights, rope: RopeConfig) -> Any:
+        """A new layer owning new parameters with these values."""
+
+    def recreate_layer(self, layer: Any) -> Any:
+        """A new layer with new parameter objects holding equal values and the same RoPE."""
+
+    def with_rope(self, layer: Any, rope: RopeConfig) -> Any:
+        """A layer sharing ``layer``'s parameter objects, under another RoPE configuration."""
+
+    def update_weights(self, layer: Any, weights: AttentionWeights) -> None:
+        """Write new values into ``layer``'s parameters in place, as an optimiser step does."""
+
+    def create_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        """A new empty cache bound to ``layer``."""
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        """One incremental step: attend ``x [B, 1, D]`` over the cache, append its K/V row."""
+
+    def reset(self, cache: Any) -> None:
+        """Empty the cache's logical prefix."""
+
+    def snapshot(self, cache: Any) -> CacheSnapshot:
+        """Copies of the cache's observable state: a ``CacheSnapshot`` or any object with its fields."""
+
+    def error_kind(self, error: BaseException) -> str | None:
+        """The ``ErrorKind`` value of an exception the implementation raised, or None."""
+
+
+@runtime_checkable
+class CacheOperations(Protocol):
+    """Optional operations of a layer cache (docs/spec.md §13), each under its own capability.
+
+    An adapter has only the methods whose capability it declares; with
+    ``sliding_window_layer`` its ``create_cache`` also takes ``window=W`` and
+    its snapshots give ``positions``.
+    """
+
+    def append(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        """``chunked_append``: attend ``x [B, T, D]`` (T >= 1) causally over the cache and itself at positions
+        ``length .. length+T-1``; append all T rows, or none. Returns ``[B, T, D]``."""
+
+    def truncate(self, cache: Any, n: int) -> None:
+        """``truncate``: keep the first ``n`` rows; the next row is appended at position ``n``."""
+
+    def reorder(self, cache: Any, indices: np.ndarray) -> None:
+        """``batch_reorder``: batch row ``b`` becomes the old row ``indices[b]`` (repeats and drops allowed)."""
+
+    def fork(self, cache: Any) -> Any:
+        """``fork``: an independent copy; writes to either never show in the other."""

@@ -1,0 +1,141 @@
+"""The paged-cache half of an adapter (capability ``paged_prefix_sharing``, docs/spec.md §14).
+
+A pool serves many sequences of decoders of one geometry from ``num_blocks``
+blocks of ``block_size`` rows. Sequences are opaque hashable ids the adapter
+chooses. Engines differ in policy, so the adapter declares its own in
+``paged_policy`` (a mapping, read by ``PagedPolicy.of``) and the suite judges
+against that declaration, never against the reference's choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .decoder import BlockState, DecoderAdapter
+
+PAGED_PREFIX_SHARING = "paged_prefix_sharing"
+HASH_KEYS = ("scope", "signature")  # what a block hash may cover besides its parent and its tokens
+EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at a time; or every cached block
+HIT_LIMITS = ("before_last_token", "before_last_full_block")  # (len-1)//bs full blocks; len//bs - 1
+
+
+class PolicyError(TypeError):
+    """A ``paged_policy`` the suite cannot judge (unknown key or value); a usage error, not a verdict."""
+
+
+@dataclass(frozen=True)
+class PagedPolicy:
+    """What an adapter declares about its paged cache.
+
+    - ``hash_keys``: the extra keys of a block's hash. Without ``"signature"``
+      the pool belongs to one computation: the suite never mixes weights in one
+      pool, and a weight update replaces the pool. Without ``"scope"`` sharing
+      across scopes is declared, and must then happen.
+    - ``eviction``: ``"lru"`` (evict exactly the shortfall, least recently
+      cached first) or ``"all_at_once"`` (every cached block, when short).
+    - ``hit_limit``: ``"before_last_token"`` (at most ``(len-1)//bs`` full
+      blocks: the last token is always recomputed) or ``"before_last_full_block"``
+      (at most ``len//bs - 1``).
+    - ``truncate``: whether ``paged_truncate`` exists.
+    """
+
+    hash_keys: frozenset[str] = frozenset(HASH_KEYS)
+    eviction: str = "lru"
+    hit_limit: str = "before_last_token"
+    truncate: bool = True
+
+    @classmethod
+    def of(cls, adapter: Any) -> PagedPolicy:
+        given = getattr(adapter, "paged_policy", None)
+        if given is None:
+            return cls()
+        if not isinstance(given, Mapping):
+            raise PolicyError(f"paged_policy must be a mapping, got {type(given).__name__}")
+        unknown = sorted(set(given) - {"hash_keys", "eviction", "hit_limit", "truncate"})
+        if unknown:
+            raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; "
+                              "known: hash_keys, eviction, hit_limit, truncate")
+        keys = given.get("hash_keys", HASH_KEYS)
+        if isinstance(keys, str) or not all(key in HASH_KEYS for key in keys):
+            raise PolicyError(f"paged_policy['hash_keys'] must be a list drawn from {list(HASH_KEYS)}, got {keys!r}")
+        eviction, hit_limit = given.get("eviction", "lru"), given.get("hit_limit", "before_last_token")
+        if eviction not in EVICTIONS:
+            raise PolicyError(f"paged_policy['eviction'] must be one of {list(EVICTIONS)}, got {eviction!r}")
+        if hit_limit not in HIT_LIMITS:
+            raise PolicyError(f"paged_policy['hit_limit'] must be one of {list(HIT_LIMITS)}, got {hit_limit!r}")
+        truncate = given.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise PolicyError(f"paged_policy['truncate'] must be a bool, got {truncate!r}")
+        return cls(frozenset(keys), eviction, hit_limit, truncate)
+
+    def described(self) -> dict[str, Any]:
+        """For reports and failure messages."""
+        return {"hash_keys": sorted(self.hash_keys), "eviction": self.eviction, "hit_limit": self.hit_limit,
+                "truncate": self.truncate}
+
+
+@dataclass(frozen=True, eq=False)
+class PagedAdd:
+    """What ``paged_add`` returns: the new sequence's id, the logits of the positions computed, tokens reused."""
+
+    sequence: Hashable
+    logits: np.ndarray  # [len(tokens) - reused, vocab]
+    reused: int
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The pool's accounting, as copies.
+
+    ``free``: how many blocks hold nothing; ``cached``: blocks no table holds,
+    kept for their registered content (any order); ``references``: block ->
+    how many tables hold it, for every block some table holds; ``tables``:
+    sequence id -> its blocks, the block of rows ``0..bs-1`` first.
+    """
+
+    total: int
+    free: int
+    cached: tuple[int, ...]
+    references: dict[int, int]
+    tables: dict[Hashable, tuple[int, ...]]
+
+
+@runtime_checkable
+class PagedCacheAdapter(DecoderAdapter, Protocol):
+    """The methods of ``paged_prefix_sharing`` (besides ``create_decoder`` and ``update_block_weights``).
+
+    Token sequences arrive exactly as the suite built them, valid or not.
+    Results may be any objects with the fields of ``PagedAdd``, ``PoolState``
+    and ``BlockState``.
+    """
+
+    paged_policy: Mapping[str, Any]
+
+    def create_pool(self, config: Any, block_size: int, num_blocks: int) -> Any:
+        """An empty pool of ``num_blocks`` blocks of ``block_size`` rows, for decoders of ``config``'s geometry."""
+
+    def paged_add(self, pool: Any, decoder: Any, scope: str, tokens: Any) -> PagedAdd:
+        """A new sequence: reuse the longest registered prefix (whole blocks, within the hit limit), compute the
+        rest. Raises ``full`` (changing nothing) when the blocks it needs are neither free nor evictable."""
+
+    def paged_append(self, pool: Any, sequence: Hashable, tokens: Any) -> np.ndarray:
+        """``T >= 1`` tokens at positions ``len..len+T-1``, causal inside the chunk; logits ``[T, vocab]``."""
+
+    def paged_fork(self, pool: Any, sequence: Hashable) -> Hashable:
+        """An independent copy: full blocks shared, the partial last block copied; returns the new id."""
+
+    def paged_truncate(self, pool: Any, sequence: Hashable, length: Any) -> None:
+        """Keep the first ``length`` tokens (0 <= length <= len, else ``invalid_length``)."""
+
+    def paged_free(self, pool: Any, sequence: Hashable) -> None:
+        """Release the sequence's blocks; registered ones stay cached."""
+
+    def paged_rows(self, pool: Any, sequence: Hashable) -> tuple[BlockState, ...]:
+        """Per decoder layer: the sequence's keys (rotated under RoPE) and values ``[KV, len, dh]``, positions."""
+
+    def paged_state(self, pool: Any) -> PoolState:
+        """The pool's accounting (``PoolState``)."""

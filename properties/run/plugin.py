@@ -1,0 +1,162 @@
+"""The pytest plugin of the suite: which implementation, which oracle, which Hypothesis profile.
+
+``--kv-impl module:factory`` (or ``KVCACHE_IMPL``) picks the implementation,
+``--oracle float64|mpmath`` the ground truth the machines compare with,
+``--hypothesis-profile`` (or ``HYPOTHESIS_PROFILE``) one of
+``run/profiles.py``. Every pytest process -- each xdist worker too --
+resolves them here, once. ``--kv-traces`` is where counterexample traces go,
+``--kv-regressions`` adds trace corpora to replay, ``--kv-call-timeout``
+bounds every call into the implementation, ``--kv-report`` writes the
+conformance report, ``--kv-xfails`` baselines known failures
+(``run/known_failures.py``), ``--kv-db redis://HOST:PORT/N`` (or
+``KVCACHE_DB``) replays a shared example database first, read-only
+(docs/campaigns.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from ..judge import calls
+from ..judge.failures import check_of, kind_of
+from ..judge.tolerance import Judge
+from ..machines import MACHINES
+from ..protocol.declarations import LayerLimits
+from . import databases, known_failures, profiles, selection
+from .provenance import ROOT
+from .report import ConformanceReport, examples_from_statistics
+from .runner import PropertyRun
+
+DATABASE_ROOT = ROOT / ".hypothesis" / "implementations"
+REGRESSIONS = ROOT / "tests" / "regressions"
+
+profiles.register()
+profiles.load()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvcache", "KV-cache conformance suite")
+    group.addoption(selection.OPTION, default=None, metavar="MODULE:FACTORY",
+                    help=f"adapter factory of the implementation under test "
+                         f"(default: ${selection.ENV_VAR} or {selection.DEFAULT_SPEC})")
+    group.addoption("--oracle", default="float64", choices=selection.ORACLES,
+                    help="ground truth for the machines: float64, or mpmath high precision (slow)")
+    group.addoption("--kv-traces", default=str(ROOT / "counterexamples"), metavar="DIR",
+                    help="where a failing machine writes its counterexample trace (default: %(default)s)")
+    group.addoption("--kv-regressions", action="append", default=[], metavar="DIR",
+                    help=f"also replay every trace in DIR (always: {REGRESSIONS.relative_to(ROOT)})")
+    group.addoption("--kv-call-timeout", type=float, default=calls.CALL_TIMEOUT, metavar="SECONDS",
+                    help="a call into the implementation that takes longer is a non-conformance naming the step "
+                         "(default: %(default)s; 0: no limit)")
+    group.addoption("--kv-report", default=None, metavar="PATH",
+                    help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
+    group.addoption(known_failures.OPTION, default=None, metavar="FILE",
+                    help="known failures: one 'PROPERTY [:: RULE]  # REASON' a line; a property is expected to "
+                         "fail (strict xfail), or a rule of its machine is left out (docs/adapters.md)")
+    group.addoption(databases.SHARED_OPTION, default=None, metavar="redis://HOST:PORT/N",
+                    help=f"replay the counterexamples of a shared Redis example database first, reading it only; "
+                         f"this run's own go to the local one (default: ${databases.SHARED_ENV_VAR}; "
+                         f"needs the extra 'campaign'; docs/campaigns.md)")
+
+
+@pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        adapter = selection.configure(config.getoption(selection.OPTION), config.getoption("--oracle"))
+    except selection.AdapterLoadError as error:
+        raise pytest.UsageError(str(error)) from None
+    profiles.register(DATABASE_ROOT, selection.database_key(adapter), shared=_shared_database(config, adapter))
+    profiles.load()
+    calls.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
+    xfails = config.getoption(known_failures.OPTION)
+    if xfails:
+        specs = [(name, spec.kind) for machine in MACHINES.values() for name, spec in machine.specs().items()]
+        try:
+            entries = known_failures.load(Path(xfails), rules={name for name, kind in specs if kind == "rule"},
+                                          setup_rules={name for name, kind in specs if kind == "initialize"})
+        except known_failures.KnownFailuresError as error:
+            raise pytest.UsageError(str(error)) from None
+        config.pluginmanager.register(known_failures.KnownFailures(Path(xfails), entries), "kvcache-known-failures")
+    report = config.getoption("--kv-report")
+    if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
+        config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),
+                                      "kvcache-report")
+
+
+def _shared_database(config: pytest.Config, adapter: object) -> databases.SharedExamples | None:
+    """``--kv-db``: the shared database, opened once per process; refused under a derandomised profile."""
+    url = databases.shared_url(config.getoption(databases.SHARED_OPTION))
+    if url is None:
+        return None
+    problem = profiles.shared_database_problem(profiles.load())
+    if problem:
+        raise pytest.UsageError(problem)
+    try:
+        return databases.open_shared(url, databases.SharedScope.of(adapter, selection.oracle_name()))
+    except databases.SharedDatabaseError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """For ``@given`` properties, the report's ``runs`` come from Hypothesis's own statistics; for every
+    failure, its kind (``PropertyRun`` records the machines' own)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and call.excinfo is not None and not any(
+            name == "kv_failure_kind" for name, _ in item.user_properties):
+        if not isinstance(call.excinfo.value, (pytest.skip.Exception, pytest.fail.Exception)):
+            item.user_properties.append(("kv_failure_kind", kind_of(call.excinfo.value)))
+            item.user_properties.append(("kv_failure_check", check_of(call.excinfo.value)))
+            report.user_properties = list(item.user_properties)
+    described = getattr(item, "hypothesis_statistics", None)
+    if report.when == "call" and described and not any(name == "kv_runs" for name, _ in item.user_properties):
+        runs = examples_from_statistics(described)
+        if runs is not None:
+            item.user_properties.append(("kv_runs", runs))
+            report.user_properties = list(item.user_properties)
+
+
+@pytest.fixture
+def conformance(request: pytest.FixtureRequest) -> PropertyRun:
+    return PropertyRun(request.node, Path(request.config.getoption("--kv-traces")).resolve())
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "regression_trace" in metafunc.fixturenames:
+        directories = [REGRESSIONS, *map(Path, metafunc.config.getoption("--kv-regressions"))]
+        traces = sorted(p for d in directories for p in d.glob("*.json"))
+        metafunc.parametrize("regression_trace", traces, ids=[p.stem for p in traces])
+
+
+# Quickest verdicts first, so that ``-x`` stops early: kept counterexamples replay in milliseconds, then the
+# short properties, then one layer family (where most layer bugs show), the decoder machines, the other families.
+_FIRST = ("test_regressions.py", "test_cache_creation.py", "test_precision.py", "[interleaved-mha]",
+          "test_prefix_store.py", "test_session.py", "test_paged_cache.py", "test_cache_operations.py",
+          "test_layer_cache.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, part in enumerate(_FIRST) if path.endswith(part) or item.nodeid.endswith(part)),
+                    len(_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file is kept
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    adapter = selection.selected()
+    current = settings.default
+    return [
+        f"kvcache implementation: {adapter.name} {adapter.version} ({selection.selected_spec()})",
+        f"kvcache capabilities: {', '.join(sorted(adapter.capabilities))}"
+        + (f"; layers drawn only within {limits}" if (limits := LayerLimits.of(adapter).described()) else ""),
+        f"kvcache tolerance: {Judge.for_adapter(adapter, selection.oracle_numbers()).rule}",
+        f"kvcache hypothesis profile: {settings.get_current_profile_name()} "
+        f"(max_examples={current.max_examples}, stateful_step_count={current.stateful_step_count}, "
+        f"derandomize={current.derandomize}, database={current.database})",
+    ]

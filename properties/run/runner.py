@@ -1,0 +1,198 @@
+"""Running one conformance machine: Hypothesis's search, then a portable trace of what it found.
+
+``run_machine`` is shared by the pytest properties, the mutant self-tests and
+the benchmarks. It never hides a failure: it returns it, with the numbers of
+the run and the path of the trace it wrote (``traces``); callers
+re-raise it. Hypothesis replays the minimal failing program last, so the last
+machine built holds the shrunk run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import Phase
+from hypothesis import settings as Settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from ..judge.calls import AdapterHung
+from ..judge.failures import NonConformance, check_of, kind_of
+from ..judge.tolerance import closer_to_failing
+from ..machines import MACHINES
+from ..oracle import FLOAT64, NumberSystem
+from ..protocol.kinds import declared
+from ..protocol.layer import KvCacheAdapter
+from ..traces import codec, recording
+from . import known_failures, selection
+from .databases import property_settings
+from .provenance import environment_facts, implementation_facts
+
+
+@dataclass
+class RunResult:
+    runs: int = 0  # machines Hypothesis built: examples, plus replays and shrinking after a failure
+    first_failing: int | None = None  # the run in which the first non-conformance was raised
+    worst: tuple[float, float] = (0.0, 1.0)  # (error, tolerance) closest to failing, over all runs
+    rule: str = ""  # the tolerance rule the machines applied
+    failure: BaseException | None = None
+    failing_step: int | None = None  # index in the trace's steps
+    steps: int = 0  # rules in the shrunk failing program, set-up not counted
+    trace: Path | None = None
+
+
+def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
+                requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
+                settings: Settings | None = None, spec: str | None = None,
+                disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+    """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
+
+    ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
+    diverged cannot go on judging)."""
+    parameters = parameters or {}
+    cls = MACHINES[machine]
+    unknown = sorted(disabled_rules - {name for name, s in cls.specs().items() if s.kind == "rule"})
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no rule {', '.join(unknown)} to leave out")
+    result = RunResult()
+    last: list[recording.TracedMachine] = []
+    raised_before = NonConformance.raised
+
+    def build() -> recording.TracedMachine:
+        if result.first_failing is None and NonConformance.raised > raised_before:
+            result.first_failing = result.runs
+        result.runs += 1
+        if last:
+            _keep_worst(result, last[0])
+        last[:] = [cls(adapter, numbers=numbers, **parameters)]  # type: ignore[call-arg]
+        last[0].disabled_rules = disabled_rules
+        last[0].targeting = targeting  # type: ignore[attr-defined]
+        return last[0]
+
+    # report_multiple_bugs=False (callers' own settings aside): Hypothesis tells bugs apart by exception
+    # type and raise site, and every NonConformance comes from a few shared checks in verdict.py -- a wrong
+    # output after a reset and one after an in-place weight update would be one "bug" to it. So we stop at
+    # the first failure, shrink it and write its trace; the report tells causes apart by (property, rule of
+    # the failing step, failure kind), and the next bug behind a known one is found by leaving its rule
+    # out (--kv-xfails PROPERTY :: RULE, which reaches here as disabled_rules).
+    chosen = property_settings(settings or Settings(report_multiple_bugs=False), implementation=str(adapter.name),
+                               property_id=property_id, parameters=parameters, disabled_rules=disabled_rules)
+    targeting = Phase.target in chosen.phases  # hill-climbing reads the machines' target(); elsewhere it only costs
+    try:
+        run_state_machine_as_test(build, settings=chosen)
+    except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
+        result.failure = NonConformance(f"{hung} -- the run stopped there, unshrunk", kind="hang")
+    except Exception as error:  # returned to the caller, who re-raises it
+        result.failure = error
+    if last:
+        _keep_worst(result, last[0])
+        result.rule = last[0].judge.rule  # type: ignore[attr-defined]
+    if result.failure is not None and last and last[0].tape.steps:
+        tape = last[0].tape
+        result.failing_step = len(tape.steps) - 1
+        result.steps = sum(1 for step in tape.steps if step.rule not in recording.initializers_of(cls))
+        if trace_dir is not None:
+            document = _document(machine, adapter, spec, property_id, parameters, requires, numbers, last[0], result)
+            name = f"{adapter.name}-{property_id.rpartition('::')[2]}"
+            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120].strip("_")
+            result.trace = codec.write(document, trace_dir, stem)
+            _point_to(result.failure, result.trace)
+    return result
+
+
+def _keep_worst(result: RunResult, machine: Any) -> None:
+    result.worst = closer_to_failing(machine.judge.worst, result.worst)
+
+
+def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_id: str, parameters: dict[str, Any],
+              requires: tuple[str, ...], numbers: NumberSystem, instance: recording.TracedMachine,
+              result: RunResult) -> dict[str, Any]:
+    tape = instance.tape
+    return {
+        "format": codec.FORMAT,
+        "format_version": codec.FORMAT_VERSION,
+        "property": property_id,
+        "machine": machine,
+        "parameters": {k: codec.encode(v) for k, v in parameters.items()},
+        "requires": sorted(requires),
+        "recorded_with": {
+            **implementation_facts(adapter, spec), "oracle": numbers.name, "rule": result.rule, **environment_facts()},
+        "failure": {"step": result.failing_step, "rule": tape.steps[-1].rule, "kind": kind_of(result.failure),
+                    "check": check_of(result.failure),
+                    "message": str(result.failure).split("\n\ncounterexample trace:")[0]},
+        "steps": [step.to_json() for step in tape.steps],
+    }
+
+
+def _point_to(failure: BaseException, path: Path) -> None:
+    """Name the trace in the failure message itself (pytest prints it first)."""
+    where = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    pointer = (f"\n\ncounterexample trace: {where}\n"
+               f"replay it: python -m properties.replay {where} [--kv-impl MODULE:FACTORY]")
+    if isinstance(failure, NonConformance) and failure.args:
+        failure.args = (f"{failure.args[0]}{pointer}", *failure.args[1:])
+    elif hasattr(failure, "add_note"):
+        failure.add_note(pointer.strip())
+
+
+class PropertyRun:
+    """A property test's handle on the suite: the adapter, skipping, and running a machine.
+
+    What it measures goes to the test's ``user_properties`` (xdist carries
+    them to the controller), where ``--kv-report`` collects them.
+    """
+
+    def __init__(self, node: Any, trace_dir: Path | None) -> None:
+        self.node, self.trace_dir = node, trace_dir
+        self.adapter, self.spec = selection.selected(), selection.selected_spec()
+        self.numbers = selection.oracle_numbers()
+        self.required: tuple[str, ...] = ()
+
+    def record(self, name: str, value: Any) -> None:
+        self.node.user_properties.append((f"kv_{name}", value))
+
+    def require(self, *capabilities: str) -> None:
+        """Skip, naming what is missing, unless the implementation declares every capability."""
+        self.required = tuple(str(getattr(c, "value", c)) for c in capabilities)
+        missing = [c for c in self.required if c not in declared(self.adapter.capabilities)]
+        if missing:
+            pytest.skip(f"{self.adapter.name} does not declare {', '.join(missing)}")
+
+    def run(self, machine: str, **parameters: Any) -> RunResult:
+        """Run ``machine``, without the rules a ``--kv-xfails`` entry leaves out; raise its failure."""
+        left_out = known_failures.left_out(self.node)
+        rules = {name for name, spec in MACHINES[machine].specs().items() if spec.kind == "rule"}
+        for name, entry in left_out.items():
+            if name not in rules:
+                raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.node.nodeid} runs the "
+                                        f"{machine} machine, which has no rule {name!r}; its rules: "
+                                        f"{', '.join(sorted(rules))}")
+        result = run_machine(machine, self.adapter, property_id=self.node.nodeid, parameters=parameters,
+                             requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
+                             spec=self.spec, disabled_rules=frozenset(left_out))
+        self.record("runs", result.runs)
+        self.record("worst_error", result.worst[0])
+        self.record("tolerance", result.worst[1])
+        self.record("rule", result.rule)
+        if result.trace is not None:
+            self.record("trace", str(result.trace))
+        if result.failure is not None:
+            self.record("failure_kind", kind_of(result.failure))
+            self.record("failure_check", check_of(result.failure))
+            failed_in = failing_rule(result)
+            if failed_in is not None:
+                self.record("rule_failed", failed_in)
+            raise result.failure
+        return result
+
+
+def failing_rule(result: RunResult) -> str | None:
+    """The rule of the failing step (after which an invariant failed, for an invariant), from the trace."""
+    if result.trace is None or result.failing_step is None:
+        return None
+    try:
+        return str(codec.load(result.trace)["steps"][result.failing_step]["rule"])
+    except (codec.TraceError, LookupError, TypeError):
+        return None

@@ -1,0 +1,1 @@
+"""Portable counterexample traces: ``codec`` (files), ``recording`` (rules, tape, playback), ``replay``."""

@@ -1,0 +1,267 @@
+"""Recording one machine run as it is drawn, and playing it back: the rules behind portable traces.
+
+Hypothesis cannot attach ``@example`` to a state machine, and
+``@reproduce_failure`` blobs are tied to one Hypothesis version, so the
+machines keep their own record. Every rule is declared with this module's
+``rule`` (or ``initialize``), which wraps Hypothesis's public decorators: its
+arguments and every value it draws are written down as they are drawn
+(arrays included, so a trace never depends on numpy's random generator), and
+the call policy notes what it expected of each adapter call. Replaying feeds
+the same values back into the same rules against any implementation
+(``traces.replay``); the files themselves are ``traces.codec``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hypothesis import stateful
+from hypothesis import strategies as st
+
+from ..generate.layers import requirements_of
+from .codec import TraceError, decode, encode
+
+_SPEC = "_kvcache_rule"
+
+
+class TraceEnded(Exception):
+    """Replay went past the last value recorded: the run stopped (failed) inside its last step, and the
+    implementation replayed got further. Everything recorded was replayed."""
+
+
+class NotApplicable(Exception):
+    """A trace step cannot be replayed against this implementation (a capability it does not declare)."""
+
+
+# -- recording and playing back one machine run ---------------------------------------------------------
+
+@dataclass
+class Step:
+    rule: str
+    arguments: dict[str, Any]
+    draws: list[dict[str, Any]]  # {"label", "value"}, encoded, in drawing order
+    expected: list[dict[str, Any]]  # what the machine expected of each adapter call, encoded
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "arguments": self.arguments, "draws": self.draws, "expected": self.expected}
+
+
+class Tape:
+    """The record of one machine run: rules in order, with their arguments, draws and expectations."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def begin(self, rule: str, arguments: dict[str, Any]) -> None:
+        self.steps.append(Step(rule, {k: encode(v) for k, v in arguments.items()}, [], []))
+
+    def data(self, data: Any) -> Any:
+        return _RecordingData(data, self)
+
+    def drew(self, label: str | None, value: Any) -> None:
+        self.steps[-1].draws.append({"label": label, "value": encode(value)})
+
+    def expect(self, call: str, **outcome: Any) -> None:
+        """What the specification requires of the adapter call ``call`` (for readers of the trace)."""
+        if self.steps:
+            self.steps[-1].expected.append({"call": call, **{k: encode(v) for k, v in outcome.items()}})
+
+
+class Draws(Protocol):
+    """What a rule draws from: Hypothesis's ``data`` while searching, the trace while replaying."""
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any: ...
+
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        """One of ``options`` (names or numbers); a replayed choice outside them is not applicable."""
+
+
+class _RecordingData:
+    """Hypothesis's ``data`` object, writing down every value as it is drawn."""
+
+    def __init__(self, data: Any, tape: Tape) -> None:
+        self._data, self._tape = data, tape
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        value = self._data.draw(strategy, label=label)
+        self._tape.drew(label, value)
+        return value
+
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        return self.draw(st.sampled_from(list(options)), label)
+
+
+class Playback(Tape):
+    """Feeds a recorded run's draws back, in order, checking labels and applicability."""
+
+    def __init__(self, steps: list[dict[str, Any]], capabilities: frozenset[str]) -> None:
+        super().__init__()
+        self._recorded = iter(steps)
+        self._left = len(steps)  # steps not yet begun
+        self._draws: Iterator[dict[str, Any]] = iter(())
+        self.capabilities = capabilities
+
+    def begin(self, rule: str, arguments: dict[str, Any]) -> None:
+        super().begin(rule, arguments)
+        recorded = next(self._recorded, None)
+        if recorded is None or recorded["rule"] != rule:
+            raise TraceError(f"replay ran rule {rule}, but the trace has {recorded and recorded['rule']}")
+        self._draws = iter(recorded["draws"])
+        self._left -= 1
+
+    def data(self, data: Any) -> Any:
+        return self
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        recorded = next(self._draws, None)
+        if recorded is None and self._left == 0:
+            raise TraceEnded(f"the recorded run stopped inside this step, before drawing {label!r}")
+        if recorded is None or recorded["label"] != label:
+            raise TraceError(f"the rule drew {label!r}, but the trace has "
+                             f"{recorded['label'] if recorded else 'no further draw'!r} (the suite changed)")
+        value = decode(recorded["value"])
+        missing = requirements_of(value) - self.capabilities
+        if missing:
+            raise NotApplicable(f"the recorded {label} needs {', '.join(sorted(missing))}")
+        self.drew(label, value)
+        return value
+
+    def choose(self, options: Sequence[Any], label: str) -> Any:
+        value = self.draw(st.nothing(), label)
+        if value not in list(options):
+            raise NotApplicable(f"the recorded {label} {value!r} is not among this implementation's options "
+                                f"{list(options)}")
+        return value
+
+
+# -- rules: Hypothesis's decorators, plus recording, capability gates and switching rules off -----------
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """What the suite knows of one rule of a machine (Hypothesis keeps its own record, privately)."""
+
+    name: str
+    kind: str  # "rule", "initialize" or "invariant"
+    requires: frozenset[str] = frozenset()  # capabilities without which the rule is never drawn
+    when: Callable[[Any], bool] | None = None  # the state in which it may be drawn
+
+
+def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` writing its arguments and draws on the machine's tape."""
+    takes_data = "data" in inspect.signature(function).parameters
+
+    @functools.wraps(function)
+    def run(machine: TracedMachine, **arguments: Any) -> Any:
+        machine.tape.begin(function.__name__, {k: v for k, v in arguments.items() if k != "data"})
+        if takes_data:
+            arguments["data"] = machine.tape.data(arguments.get("data"))
+        return function(machine, **arguments)
+
+    return run
+
+
+def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = None,
+         **strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A recorded rule, drawn only when the implementation declares ``requires`` and ``when(machine)`` holds.
+
+    A rule that cannot run is never drawn: it must not return early and count as run.
+    """
+    needed = frozenset(str(getattr(c, "value", c)) for c in requires)
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        spec = RuleSpec(function.__name__, "rule", needed, when)
+        run = _recorded(function)
+        setattr(run, _SPEC, spec)
+        return stateful.precondition(lambda machine: machine.may_run(spec))(stateful.rule(**strategies)(run))
+
+    return decorate
+
+
+def initialize(**strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A recorded set-up rule: runs once, first; not counted as a step of a program."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        run = _recorded(function)
+        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize"))
+        return stateful.initialize(**strategies)(run)
+
+    return decorate
+
+
+def invariant() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A check after every rule (and after replayed steps)."""
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(function, _SPEC, RuleSpec(function.__name__, "invariant"))
+        return stateful.invariant()(function)
+
+    return decorate
+
+
+class TracedMachine(stateful.RuleBasedStateMachine):
+    """A state machine whose rules are all declared with this module's ``rule`` and ``initialize``.
+
+    Subclasses set ``self.capabilities``; ``disabled_rules`` (set by the runner,
+    from a known-failures file) are never drawn.
+    """
+
+    capabilities: frozenset[str] = frozenset()
+    disabled_rules: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tape: Tape = Tape()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        hypothesis_rules = {name for name in dir(cls) if _hypothesis_rule(getattr(cls, name, None))}
+        untraced = sorted(hypothesis_rules - set(cls.specs()))
+        if untraced:
+            raise TypeError(f"{cls.__name__}.{untraced[0]} is a rule but not declared with traces.recording.rule: "
+                            "its runs could not be replayed")
+
+    @classmethod
+    def specs(cls) -> dict[str, RuleSpec]:
+        """Every rule, set-up rule and invariant of the machine, by name."""
+        found = {}
+        for name in dir(cls):
+            spec = getattr(getattr(cls, name, None), _SPEC, None)
+            if isinstance(spec, RuleSpec):
+                found[name] = spec
+        return found
+
+    def missing(self, spec: RuleSpec) -> frozenset[str]:
+        """The capabilities ``spec`` needs that the implementation does not declare."""
+        return spec.requires - self.capabilities
+
+    def may_run(self, spec: RuleSpec) -> bool:
+        return (spec.name not in self.disabled_rules and not self.missing(spec)
+                and (spec.when is None or bool(spec.when(self))))
+
+    def need(self, capability: Any, situation: str) -> None:
+        """Inside a rule: the drawn values have led where only ``capability`` says what must happen.
+
+        While searching, rules draw so that this never happens (a suite bug if
+        it does); while replaying, the trace stops applying here.
+        """
+        name = str(getattr(capability, "value", capability))
+        if name not in self.capabilities:
+            raise NotApplicable(f"{situation}: only {name} says what must happen, and it is not declared")
+
+
+def _hypothesis_rule(attribute: Any) -> bool:
+    """Whether Hypothesis sees ``attribute`` as a rule. Its markers are private: tests/test_traces.py
+    fails loudly if they move (and pyproject pins Hypothesis below its next major)."""
+    markers = (getattr(stateful, "RULE_MARKER", None), getattr(stateful, "INITIALIZE_RULE_MARKER", None))
+    return any(marker and hasattr(attribute, marker) for marker in markers)
+
+
+def initializers_of(cls: type[TracedMachine]) -> frozenset[str]:
+    """Names of the machine's set-up rules (not counted as steps of a program)."""
+    return frozenset(name for name, spec in cls.specs().items() if spec.kind == "initialize")
+
+
+def invariants_of(cls: type[TracedMachine]) -> list[Callable[[Any], None]]:
+    return [getattr(cls, name) for name, spec in cls.specs().items() if spec.kind == "invariant"]

@@ -1,0 +1,168 @@
+"""Replay counterexample traces against any implementation, step by step.
+
+    python -m properties.replay TRACE.json [TRACE.json ...] [--kv-impl MODULE:FACTORY] [--oracle mpmath]
+    python -m kvcache_conformance.replay ...    (the same, installed)
+
+The recorded values go back into the same rules of the same machine, now
+driving the selected implementation (``--kv-impl``, else ``KVCACHE_IMPL``,
+else the reference); the machine recomputes what the specification expects
+from the oracle, as in the original run. Each step's outcome is printed; at
+the first divergence, what differed: the error kind expected and got, or the
+worst error with its batch, head, position and feature, and the tolerance.
+
+A trace that needs a capability the implementation does not declare is not
+applicable: it says which, and where. Exit status: 0 if every trace conforms,
+1 if one diverges, 2 if one is not applicable or unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..judge.calls import AdapterHung
+from ..judge.failures import NonConformance, check_of, kind_of
+from ..judge.policy import Expect
+from ..machines import MACHINES
+from ..oracle import FLOAT64, NumberSystem
+from ..run import selection
+from . import codec, recording
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "conforms", "diverges" or "not applicable"
+    step: int | None  # where it diverged or stopped applying
+    message: str
+    seconds: float = 0.0
+    kind: str | None = None  # a divergence's failure kind and the check that failed (judge.failures)
+    check: str | None = None
+
+    @property
+    def conforms(self) -> bool:
+        return self.status == "conforms"
+
+
+def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FLOAT64,
+           out: Callable[[str], None] = print) -> Verdict:
+    """Drive ``adapter`` through the trace; the first non-conformance ends the replay."""
+    start = time.perf_counter()
+
+    def verdict(status: str, step: int | None, message: str, failure: BaseException | None = None) -> Verdict:
+        return Verdict(status, step, message, time.perf_counter() - start,
+                       *((kind_of(failure), check_of(failure)) if failure is not None else (None, None)))
+
+    cls = MACHINES.get(document.get("machine", ""))
+    if cls is None:
+        raise codec.TraceError(f"unknown machine {document.get('machine')!r}; known: {sorted(MACHINES)}")
+    capabilities = frozenset(adapter.capabilities)
+    missing = sorted(set(document.get("requires", ())) - capabilities)
+    if missing:
+        return verdict("not applicable", None, f"{adapter.name} does not declare {', '.join(missing)}")
+    parameters = {k: codec.decode(v) for k, v in document.get("parameters", {}).items()}
+    machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
+    machine.tape = recording.Playback(document["steps"], capabilities)
+    specs, invariants = cls.specs(), recording.invariants_of(cls)
+    for index, step in enumerate(document["steps"]):
+        name = step["rule"]
+        spec = specs.get(name)
+        if spec is None or spec.kind == "invariant":
+            raise codec.TraceError(f"step {index}: {cls.__name__} has no rule {name!r}")
+        arguments = {k: codec.decode(v) for k, v in step.get("arguments", {}).items()}
+        shown = f"step {index}: {name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+        try:
+            missing = machine.missing(spec)
+            if missing:
+                raise recording.NotApplicable(f"{name} needs {', '.join(sorted(missing))}, which {adapter.name} "
+                                          "does not declare")
+            if spec.kind == "rule" and not machine.may_run(spec):
+                raise recording.NotApplicable(f"{name} may not run in this state here; the state depends on the "
+                                          "implementation's capabilities and dtype")
+            getattr(machine, name)(**arguments)
+            for check in invariants:
+                check(machine)
+        except recording.NotApplicable as reason:
+            out(f"{shown}: NOT APPLICABLE\n    {reason}")
+            return verdict("not applicable", index, str(reason))
+        except recording.TraceEnded as reason:  # the recorded failure was inside this step; here it did not happen
+            out(f"{shown}: ok as far as recorded\n    {reason}")
+            for expectation in machine.tape.steps[-1].expected:
+                out(f"    {describe(expectation)}")
+            return verdict("conforms", None, f"all {len(document['steps'])} steps conform as far as recorded "
+                                             f"(the recorded run stopped inside step {index})")
+        except (NonConformance, AdapterHung) as failure:
+            out(f"{shown}: DIVERGES")
+            expected = machine.tape.steps[-1].expected if machine.tape.steps else []
+            for number, expectation in enumerate(expected):  # the last one is where it diverged
+                out(f"    {describe(expectation)}{'' if number == len(expected) - 1 else ' -- ok'}")
+            out("\n".join(f"    >> {line}" for line in str(failure).splitlines()))
+            return verdict("diverges", index, str(failure), failure)
+        out(f"{shown}: ok")
+        for expectation in machine.tape.steps[-1].expected:
+            out(f"    {describe(expectation)}")
+    return verdict("conforms", None, f"all {len(document['steps'])} steps conform")
+
+
+def describe(expectation: dict[str, Any]) -> str:
+    """One line for a recorded expectation (arrays left out), in any format version's vocabulary."""
+    call = expectation["call"]
+    expect, kind, claim = expectation.get("expect"), expectation.get("kind"), expectation.get("claim")
+    if expect == Expect.REJECTION.value or "rejected" in expectation:  # (format 1 and 2: "rejected")
+        return f"{call}: rejected with {kind or expectation['rejected']}, nothing changed"
+    if expect == Expect.UNCLAIMED.value or "first_failing_check" in expectation:
+        return (f"{call}: first failing check {kind or expectation['first_failing_check']}, not claimed"
+                f"{f' ({claim} is not declared)' if claim else ''}: if it raises, nothing changed; if it "
+                "accepts, not judged, and replaced")
+    if expect == Expect.SUCCESS_OR_REFUSAL.value:
+        return f"{call}: success, or rejected with {kind} and nothing changed"
+    details = [f"{key} = {codec.decode(value)}" for key, value in expectation.items()
+               if key not in ("call", "expect", "output", "tolerance")]
+    if "output" in expectation:
+        details.insert(0, f"result within {codec.decode(expectation['tolerance']):.1e} of the oracle")
+    elif expect == Expect.SUCCESS.value and not details:
+        details.insert(0, "success")
+    return f"{call}: {', '.join(details)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
+    parser.add_argument(selection.OPTION, dest="kv_impl", default=None, metavar="MODULE:FACTORY",
+                        help=f"implementation to replay against (default: ${selection.ENV_VAR} or "
+                             f"{selection.DEFAULT_SPEC})")
+    parser.add_argument("--oracle", default="float64", choices=selection.ORACLES)
+    parser.add_argument("--quiet", action="store_true", help="print only each trace's verdict")
+    options = parser.parse_args(argv)
+    try:
+        adapter = selection.configure(options.kv_impl, options.oracle)
+    except selection.AdapterLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    worst = 0
+    for path in options.traces:
+        print(f"== {path} against {adapter.name} {adapter.version} ({selection.selected_spec()})")
+        try:
+            document = codec.load(path)
+            recorded = document.get("failure") or {}
+            if recorded and not options.quiet:
+                print(f"   recorded: {document['recorded_with']['implementation']} failed at step "
+                      f"{recorded.get('step')} ({recorded.get('rule')})")
+            result = replay(document, adapter, numbers=selection.oracle_numbers(),
+                            out=(lambda line: None) if options.quiet else print)
+        except codec.TraceError as error:
+            print(f"   unreadable: {error}")
+            worst = max(worst, 2)
+            continue
+        where = "" if result.step is None else f" at step {result.step}"
+        print(f"   {result.status.upper()}{where} ({result.seconds:.2f} s): {result.message.splitlines()[0]}")
+        worst = max(worst, {"conforms": 0, "diverges": 1}.get(result.status, 2))
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
