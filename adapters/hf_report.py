@@ -106,11 +106,10 @@ def run(plan: Run, out: Path) -> tuple[dict[str, str], float]:
 
 def check_traces(directory: Path) -> list[str]:
     """Every published trace still fails the adapter it was recorded with, at its step, and passes the reference."""
+    from impl.conformance import make_adapter
     from kvcache_conformance.run import selection
     from kvcache_conformance.traces import codec as trace
     from kvcache_conformance.traces import replay
-
-    from impl.conformance import make_adapter
 
     changed = []
     for path in sorted(directory.glob("*.json")):

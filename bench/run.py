@@ -56,11 +56,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvcache_conformance.oracle import DecoderConfig, random_decoder_weights  # noqa: E402
-
 from impl import AttentionLayer, DecodeSession, LayerKvCache, RopeConfig  # noqa: E402
 from impl.conformance import make_adapter  # noqa: E402
 from impl.prefix_store import PrefixStore  # noqa: E402
+from kvcache_conformance.oracle import DecoderConfig, random_decoder_weights  # noqa: E402
 
 
 def median_seconds(action: Callable[[], object], repeats: int) -> float:
@@ -184,10 +183,9 @@ def bench_first_failure() -> None:
 
 
 def bench_tolerance() -> None:
+    from examples.minimal_adapter import make_float32_adapter
     from kvcache_conformance.judge.tolerance import FACTOR, FLOOR_ULPS
     from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
-
-    from examples.minimal_adapter import make_float32_adapter
 
     f32, eps, adapter, rng = numpy_precision("float32"), 2.0**-23, make_float32_adapter(), np.random.default_rng(0)
     ulps, naive_ulps = [], []
@@ -217,10 +215,9 @@ def bench_tolerance() -> None:
 
 
 def bench_mixed() -> None:
+    from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
     from kvcache_conformance.judge.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
     from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
-
-    from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
 
     # (layers, first checked position at most): the documented ranges (the layer machine's capacity is 8,
     # a decoder's sequence 12), then deeper positions, where the RoPE angle errors grow
@@ -266,11 +263,10 @@ def bench_mixed() -> None:
 
 
 def bench_traces() -> None:
+    from impl.conformance import ReferenceAdapter
     from kvcache_conformance.run import selection
     from kvcache_conformance.traces import codec as trace
     from kvcache_conformance.traces import replay
-
-    from impl.conformance import ReferenceAdapter
     from tests.mutants import MUTANTS, build
 
     directory = Path(tempfile.mkdtemp())
@@ -408,10 +404,9 @@ def bench_operations() -> None:
 def bench_storage() -> None:
     """The storage rule's budget (spec §13.6), measured on the reference's quantized adapters: each step's
     output and cached rows against k x the naive stored computation's error + a floor of format units."""
+    from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter
     from kvcache_conformance.judge.tolerance import ABSOLUTE, FACTOR, STORAGE_FLOOR_UNITS, Judge
     from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
-
-    from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter
 
     floors = (0.0, 0.5, STORAGE_FLOOR_UNITS)
     for make in (make_fp8_adapter, make_int8_adapter, make_float16_adapter):

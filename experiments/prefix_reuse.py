@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kvcache_conformance.oracle import PRESETS, DecoderConfig, full_decoder, random_decoder_weights
 
 from impl.conformance import make_adapter
 from impl.prefix_store import PrefixStore, _continue
+from kvcache_conformance.oracle import PRESETS, DecoderConfig, full_decoder, random_decoder_weights
 
 SEEDS = (7, 11, 23)
 TOLERANCE = 1e-12

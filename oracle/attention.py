@@ -9,6 +9,8 @@ cache's contents can be checked as well as its outputs.
 
 from __future__ import annotations
 
+import operator
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +64,8 @@ def rope_rotate(vector: Vector, position: int, rope: RopeConfig, numbers: Number
 
 
 def project(row: Vector, matrix: list[Vector]) -> Vector:
-    """Row vector times matrix: ``y[c] = sum_d row[d] * matrix[d][c]``."""
-    return [sum((row[d] * matrix[d][c] for d in range(len(row))), start=row[0] * 0)
-            for c in range(len(matrix[0]))]
+    """Row vector times matrix: ``y[c] = sum_d row[d] * matrix[d][c]``, summed in the order of ``d``."""
+    return [_dot(row, column) for column in zip(*matrix)]
 
 
 def softmax(scores: Vector, numbers: NumberSystem) -> Vector:
@@ -200,5 +201,6 @@ def _head(row: Sequence[Any], head: int, dh: int) -> Vector:
     return list(row[head * dh:(head + 1) * dh])
 
 
-def _dot(a: Vector, b: Vector) -> Any:
-    return sum((a[f] * b[f] for f in range(len(a))), start=a[0] * 0)
+def _dot(a: Sequence[Any], b: Sequence[Any]) -> Any:
+    """``sum_f a[f] * b[f]``, from a zero of the same number system, in the order of ``f``."""
+    return sum(map(operator.mul, a, b), start=a[0] * 0)

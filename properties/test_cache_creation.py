@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kvcache_conformance import generate as s
+from kvcache_conformance.generate.needs import LAYER_CONVENTION, ROPE_PAIRING, Needs
 from kvcache_conformance.judge.calls import call
 from kvcache_conformance.judge.checks import expect_rejection, expect_success, read_snapshot
 from kvcache_conformance.judge.failures import NonConformance
@@ -25,12 +27,30 @@ MAX_INDEXABLE_BYTES = 2**63 - 1  # the largest byte count a 64-bit numpy array c
 UNMAPPABLE_BYTES = 2**58  # indexable, but above every x86-64/arm64 user address space (57 bits)
 
 
+# What the properties need (the one gate, generate/needs.py): the claim, and a layer the adapter can build --
+# for the position-capacity property a RoPE layer (a positionless one has no position capacity).
+CREATION = Needs.of(Capability.CREATION_ERRORS, alternatives=[("layer convention", LAYER_CONVENTION)],
+                    families=((None, None),))
+ROPE_CREATION = Needs.of(Capability.CREATION_ERRORS, alternatives=[("RoPE pairing", ROPE_PAIRING)],
+                         families=(("interleaved", None), ("half_split", None)))
+
+
+def _gated(needs: Needs) -> KvCacheAdapter:
+    adapter = selection.selected()
+    problem = needs.problem(adapter)
+    if problem is not None:
+        pytest.skip(problem)
+    return adapter
+
+
 @pytest.fixture(scope="module")
 def adapter() -> KvCacheAdapter:
-    adapter = selection.selected()
-    if Capability.CREATION_ERRORS.value not in adapter.capabilities:
-        pytest.skip(f"{adapter.name} does not declare {Capability.CREATION_ERRORS.value}")
-    return adapter
+    return _gated(CREATION)
+
+
+@pytest.fixture(scope="module")
+def rope_adapter() -> KvCacheAdapter:
+    return _gated(ROPE_CREATION)
 
 
 def _layer(adapter: KvCacheAdapter, config: s.LayerConfig, max_positions: int | None = None) -> Any:
@@ -47,20 +67,15 @@ def _create(adapter: KvCacheAdapter, layer: Any, batch: Any, capacity: Any) -> A
 
 
 def configs(*, rope: bool = False) -> st.SearchStrategy[s.LayerConfig]:
-    """Layers the implementation can build; with ``rope``, only layers with RoPE (a position capacity)."""
-    adapter = selection.selected()
-    capabilities, limits = declared(adapter.capabilities), LayerLimits.of(adapter)
-    styles = [c for c in s.position_styles(capabilities) if c != "none" or not rope]
-    if not styles:
-        return st.nothing()  # the property's fixture skips it
-    return st.sampled_from(styles).flatmap(lambda style: s.layer_configs(capabilities, style=style, limits=limits))
+    """Layers the implementation can build, of every family alike; with ``rope``, only RoPE layers. Deferred to
+    when a property runs: one that does not apply is skipped by its fixture before anything is drawn."""
+    def build() -> st.SearchStrategy[s.LayerConfig]:
+        adapter = selection.selected()
+        capabilities, limits = declared(adapter.capabilities), LayerLimits.of(adapter)
+        families = tuple(f for f in s.layer_families(capabilities, limits) if f[0] != "none" or not rope)
+        return s.layer_configs(capabilities, limits=limits, families=families)
 
-
-@pytest.fixture(scope="module")
-def rope_adapter(adapter: KvCacheAdapter) -> KvCacheAdapter:
-    if not any(c != "none" for c in s.position_styles(declared(adapter.capabilities))):
-        pytest.skip(f"{adapter.name} declares no RoPE: its layers have no position capacity")
-    return adapter
+    return st.deferred(build)
 
 
 NOT_SIZES = st.one_of(st.integers(-(1 << 40), -1), st.booleans(), st.floats(allow_nan=True), st.just("2"),

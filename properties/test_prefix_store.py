@@ -4,11 +4,10 @@ always equals full recomputation; once with full attention, once with sliding wi
 from __future__ import annotations
 
 import pytest
-from kvcache_conformance.protocol.kinds import Capability
+
 from kvcache_conformance.run.runner import PropertyRun
 
 
 @pytest.mark.parametrize("windowed", [False, True], ids=["full-attention", "sliding-window"])
 def test_prefix_store_conforms(windowed: bool, conformance: PropertyRun) -> None:
-    conformance.require(Capability.PREFIX_STORE, *([Capability.SLIDING_WINDOW] if windowed else []))
     conformance.run("prefix_store", windowed=windowed)

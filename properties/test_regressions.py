@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import selection
 from kvcache_conformance.traces import codec, replay

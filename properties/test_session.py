@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from kvcache_conformance.protocol.kinds import Capability
 from kvcache_conformance.run.runner import PropertyRun
 
 
 def test_decode_session_conforms(conformance: PropertyRun) -> None:
-    conformance.require(Capability.DECODE_SESSION)
     conformance.run("session")

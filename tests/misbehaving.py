@@ -24,8 +24,8 @@ class MutatesItsInput(_Misbehaving):
 
     def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
         output = super().step(layer, cache, x)
-        if self._holds_rows(cache):
-            x *= 2.0  # writes into the caller's array
+        if self._holds_rows(cache) and x.flags.writeable:
+            x *= 2.0  # writes into the caller's array (where it can: a read-only row would raise)
         return output
 
 

@@ -387,21 +387,16 @@ class Kill:
     trace: Path | None  # the shrunk run, replayable against any implementation
 
 
-FAMILIES = (("interleaved", False), ("half_split", False), ("interleaved", True), ("half_split", True))
-
-
 def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
     """(family, machine, parameters) of every machine run that may kill ``mutant``, in order."""
-    if mutant.machine == "layer cache":
-        return [(f"{style}/{'gqa' if grouped else 'mha'}", "layer_cache", {"style": style, "grouped": grouped})
-                for style, grouped in FAMILIES]
+    if mutant.machine == "layer cache":  # the layer property: every family, drawn per example
+        return [("layer", "layer_cache", {})]
     if mutant.machine == "session":
         return [("session", "session", {})]
     if mutant.machine == "paged":
         return [("paged", "paged", {})]
     if mutant.machine in ("cache operations", "window cache"):  # a window mutant: the windowed run only
-        return [(f"operations/{'window' if windowed else 'full'}", "cache_operations",
-                 {"style": "half_split", "grouped": None, "windowed": windowed})
+        return [(f"operations/{'window' if windowed else 'full'}", "cache_operations", {"windowed": windowed})
                 for windowed in ((True,) if mutant.machine == "window cache" else (False, True))]
     return [(f"store/{'window' if windowed else 'full'}", "prefix_store", {"windowed": windowed})
             for windowed in (False, True)]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from impl import DecodeSession, errors
+from impl.conformance import make_adapter
+from impl.prefix_store import PrefixStore
 from kvcache_conformance.oracle import (
     FLOAT64,
     PRESETS,
@@ -14,10 +18,6 @@ from kvcache_conformance.oracle import (
     random_decoder_weights,
     sinusoid,
 )
-
-from impl import DecodeSession, errors
-from impl.conformance import make_adapter
-from impl.prefix_store import PrefixStore
 
 ADAPTER = make_adapter()
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
+
+from impl.conformance import ReferenceAdapter
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.databases import PropertyDatabase, database_prefix, property_settings
 from kvcache_conformance.run.runner import run_machine
-
-from impl.conformance import ReferenceAdapter
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
 pytestmark = pytest.mark.slow

@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from kvcache_conformance.judge.failures import NonConformance
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import RunResult, run_machine
 
 from examples.minimal_adapter import MinimalAdapter, rotate
 from impl.cache import LayerKvCache
 from impl.conformance import ReferenceAdapter
+from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import RunResult, run_machine
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
 pytestmark = pytest.mark.slow
@@ -88,6 +88,7 @@ def test_the_same_choice_undeclared_fails(adapter: Any, complaint: str) -> None:
 
 def test_the_tied_geometry_is_what_is_drawn() -> None:
     from hypothesis import given, settings
+
     from kvcache_conformance import generate as s
     from kvcache_conformance.protocol import LayerLimits, declared
 

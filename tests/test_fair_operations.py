@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kvcache_conformance.judge.failures import NonConformance
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import RunResult, run_machine
 
 from impl.cache import LayerKvCache
 from impl.conformance import ReferenceAdapter
+from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import RunResult, run_machine
 
 pytestmark = pytest.mark.slow  # whole machine runs: tox runs these once, on Python 3.11
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import run_machine
 
 from impl import errors
 from impl.conformance import ReferenceAdapter
 from impl.decoder import Decoder, DecodeSession, validate_tokens
 from impl.prefix_store import PrefixStore, QueryResult
+from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
 pytestmark = pytest.mark.slow

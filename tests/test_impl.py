@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvcache_conformance.oracle import AttentionWeights, full_prefix_attention
-from kvcache_conformance.oracle import RopeConfig as OracleRope
 
 from impl import AdamW, AttentionLayer, LayerKvCache, RopeConfig, errors
+from kvcache_conformance.oracle import AttentionWeights, full_prefix_attention
+from kvcache_conformance.oracle import RopeConfig as OracleRope
 
 
 def make_layer(rng: np.random.Generator, style: str = "half_split", heads: int = 4, kv_heads: int = 2,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvcache_conformance.machines import MACHINES
 from kvcache_conformance.run.known_failures import Entry, KnownFailuresError, parse
 

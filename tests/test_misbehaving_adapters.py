@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kvcache_conformance.judge import calls as verdict
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
 from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import replay
-
 from tests import misbehaving
 
 QUICK = profiles.settings_for("ci", max_examples=30, database=None, report_multiple_bugs=False)

@@ -7,6 +7,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+
 from kvcache_conformance.oracle import (
     FLOAT64,
     AttentionWeights,

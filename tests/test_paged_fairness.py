@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from hypothesis import Phase
-from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import run_machine
 
 from impl.paged_cache import BlocksExhausted, PagedPool
 from impl.paged_conformance import make_paged_adapter
+from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
 
 pytestmark = pytest.mark.slow  # whole machine runs
 

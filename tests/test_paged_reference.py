@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvcache_conformance.oracle import DecoderConfig, full_decoder, random_decoder_weights
 
 from impl import errors
 from impl.conformance import ReferenceAdapter
 from impl.decoder import Decoder
 from impl.paged_cache import BlocksExhausted, PagedPool
+from kvcache_conformance.oracle import DecoderConfig, full_decoder, random_decoder_weights
 
 CONFIG = DecoderConfig(vocab=5, model_width=4, blocks=2, heads=2, kv_heads=1, positions="rope")
 WEIGHTS = random_decoder_weights(CONFIG, 11)

@@ -9,13 +9,13 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from impl.paged_cache import BlocksExhausted
+from impl.paged_conformance import make_paged_adapter
 from kvcache_conformance.generate import paged_decoder_configs
 from kvcache_conformance.machines.paged import INVALID_LENGTHS
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
-
-from impl.paged_cache import BlocksExhausted
-from impl.paged_conformance import make_paged_adapter
 
 
 @settings(max_examples=60, deadline=None)

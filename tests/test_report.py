@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kvcache_conformance.run.report import OUTCOMES, ConformanceReport, causes
 from kvcache_conformance.traces import codec as trace
 
@@ -24,7 +25,7 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     environment = {**os.environ, "HYPOTHESIS_PROFILE": "ci"}
     subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "properties/test_layer_cache.py",
-         "properties/test_session.py", "properties/test_cache_creation.py", "-k", "mha or session or zero_batch",
+         "properties/test_session.py", "properties/test_cache_creation.py", "-k", "layer_cache or session or zero_batch",
          "--kv-impl", "tests.misbehaving:ReturnsTheWrongDtype", f"--kv-report={report}",
          f"--kv-traces={tmp_path / 'traces'}"],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
@@ -37,7 +38,7 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     assert document["profile"]["name"] == "ci" and document["profile"]["derandomize"] is True
     assert document["rule"].startswith("float64: |error| <= 1e-12")
     entries = {e["property"].split("::")[1]: e for e in document["properties"]}
-    layer = entries["test_layer_cache_conforms[interleaved-mha]"]
+    layer = entries["test_layer_cache_conforms"]
     assert layer["outcome"] == "failed" and "dtype float32, but should be float64" in layer["reason"]
     assert layer["runs"] > 1 and Path(layer["trace"]).exists()
     assert trace.load(Path(layer["trace"]))["failure"]["step"] >= 1
@@ -48,8 +49,8 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     assert document["complete"] is True and document["stopped"] is None
     assert layer["trace"] in document["traces"]
     assert layer["failure_kind"] == "output: wrong dtype" and layer["rule_failed"].startswith("append")
-    causes = {(c["property"].split("::")[1], c["rule"], c["kind"]): c for c in document["causes"]}
-    cause = causes["test_layer_cache_conforms", layer["rule_failed"], "output: wrong dtype"]
+    causes = {(c["property"].split("::")[1], c["rule"], c["kind"], c["check"]): c for c in document["causes"]}
+    cause = causes["test_layer_cache_conforms", layer["rule_failed"], "output: wrong dtype", "output"]
     assert layer["property"] in cause["instances"] and cause["failed"] >= 1 and cause["known"] == 0
     assert sum(c["failed"] for c in document["causes"]) == document["summary"]["failed"]
     markdown = report.with_suffix(".md").read_text()
@@ -57,7 +58,7 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     assert "| `properties/test_session.py::test_decode_session_conforms` | passed |" in markdown
     assert "## Distinct causes" in markdown
     assert (f"| `properties/test_layer_cache.py::test_layer_cache_conforms` | {layer['rule_failed']} | "
-            "output: wrong dtype |") in markdown
+            "output: wrong dtype | output |") in markdown
 
 
 def _report(nodeid: str, when: str, outcome: str, longrepr: object = None, **extra: object) -> pytest.TestReport:

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kvcache_conformance.machines.store import Entry, acceptable_reuse, expected_reuse
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import run_machine
 
 from impl.conformance import ReferenceAdapter
 from impl.prefix_store import PrefixStore, QueryResult
+from kvcache_conformance.machines.store import Entry, acceptable_reuse, expected_reuse
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
 
 # Whole machine runs and subprocess runs of the suite: tox runs these once, on Python 3.11 (tox.ini).
 pytestmark = pytest.mark.slow

@@ -14,6 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
+from impl.attention import AttentionLayer
+from impl.cache import LayerKvCache
+from impl.decoder import validate_tokens
+from impl.errors import InvalidTokens, NonFiniteAttention, NonFiniteError
+from impl.rope import RopeConfig as ImplRopeConfig
 from kvcache_conformance import generate as s
 from kvcache_conformance.oracle import (
     FLOAT64,
@@ -25,12 +31,6 @@ from kvcache_conformance.oracle import (
 )
 from kvcache_conformance.oracle.attention import project
 from kvcache_conformance.protocol import Capability
-
-from impl.attention import AttentionLayer
-from impl.cache import LayerKvCache
-from impl.decoder import validate_tokens
-from impl.errors import InvalidTokens, NonFiniteAttention, NonFiniteError
-from impl.rope import RopeConfig as ImplRopeConfig
 
 MAX = s.FLOAT64_MAX
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -604,11 +604,11 @@ def test_windowed_runs_cross_the_window_edge_evict_and_truncate_around_it() -> N
     """The windowed machine's programs reach len = W - 1, W, W + 1 and beyond, truncate where rows were
     evicted (refused) and where they were not, and truncate after a reset."""
     from hypothesis.stateful import run_state_machine_as_test
+
+    from impl.conformance import make_adapter
     from kvcache_conformance.judge.policy import Expect
     from kvcache_conformance.machines.operations import CacheOperationsMachine
     from kvcache_conformance.run import profiles
-
-    from impl.conformance import make_adapter
 
     offsets: set[int] = set()
     truncations: set[str] = set()
@@ -647,11 +647,10 @@ def test_layer_configs_draw_at_least_the_capacity_asked_for_where_limits_allow(l
 @pytest.mark.slow
 def test_windowed_runs_respect_a_declared_smallest_window() -> None:
     from hypothesis.stateful import run_state_machine_as_test
-    from kvcache_conformance.judge.policy import Expect
-    from kvcache_conformance.machines.operations import CacheOperationsMachine
-    from kvcache_conformance.run import profiles
 
     from impl.conformance import ReferenceAdapter
+    from kvcache_conformance.machines.operations import CacheOperationsMachine
+    from kvcache_conformance.run import profiles
 
     class NoWindowOfOne(ReferenceAdapter):
         layer_limits = {"min_window": 2}  # noqa: RUF012

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from examples.minimal_adapter import Float32Adapter, Float32RopeAdapter, Float32SoftmaxAdapter, MinimalAdapter
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.judge.tolerance import ABSOLUTE, FACTOR, FLOOR_ULPS, Judge
 from kvcache_conformance.oracle import (
@@ -24,8 +26,6 @@ from kvcache_conformance.oracle.decoder import PRESETS
 from kvcache_conformance.protocol.declarations import declared_precision
 from kvcache_conformance.run import profiles, selection
 from kvcache_conformance.run.runner import RunResult, run_machine
-
-from examples.minimal_adapter import Float32Adapter, Float32RopeAdapter, Float32SoftmaxAdapter, MinimalAdapter
 
 CI = profiles.settings_for("ci", database=None, report_multiple_bugs=False)
 MHA = {"style": "interleaved", "grouped": False}
@@ -230,12 +230,11 @@ def test_a_float16_rope_table_declared_float32_fails() -> None:
 def test_storage_is_a_declaration_about_layer_caches_only() -> None:
     """A quantized adapter's decoder, store and paged pool are judged by its dtype rule: the session machine once
     crashed on the storage judge (it has no stored computation to give)."""
+    from impl.conformance import make_fp8_adapter
     from kvcache_conformance.judge.tolerance import Judge
     from kvcache_conformance.oracle import FLOAT64
     from kvcache_conformance.run import profiles
     from kvcache_conformance.run.runner import run_machine
-
-    from impl.conformance import make_fp8_adapter
 
     adapter = make_fp8_adapter()
     assert Judge.for_adapter(adapter, FLOAT64).storage is not None
@@ -248,9 +247,8 @@ def test_storage_is_a_declaration_about_layer_caches_only() -> None:
 def test_storage_and_the_float64_claim_contradict(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from kvcache_conformance.run import selection
-
     from impl.conformance import make_fp8_adapter
+    from kvcache_conformance.run import selection
 
     claiming = make_fp8_adapter()
     claiming.capabilities = claiming.capabilities | {"float64"}

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
+
+from examples.minimal_adapter import make_adapter as minimal_adapter
+from impl.conformance import ReferenceAdapter
 from kvcache_conformance.generate import LayerConfig
 from kvcache_conformance.machines import MACHINES
 from kvcache_conformance.oracle import AttentionWeights, DecoderConfig, RopeConfig
 from kvcache_conformance.run import selection
 from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import recording, replay
-
-from examples.minimal_adapter import make_adapter as minimal_adapter
-from impl.conformance import ReferenceAdapter
 from tests.mutants import MUTANTS, build
 
 REGRESSIONS = Path(__file__).parent / "regressions"

@@ -147,7 +147,7 @@ def output_overflows(weights: AttentionWeights) -> list[tuple[int, int, np.ndarr
     score is an exact 0. So only one-hot rows ``s e_j`` qualify, of features
     ``j`` where in every head ``h`` and feature ``f`` ``Wq[j, h f] = 0`` or
     ``Wk[j, g f] = 0`` (``g = h // G``): weights with zeros, which
-    ``seeded_arrays`` draws half the time. At position 0 RoPE is the identity,
+    ``random_matrices`` draws half the time. At position 0 RoPE is the identity,
     so the lone score is exactly 0, its weight exactly 1 and head ``h``'s
     attention output exactly ``s Wv[j, g]``; the output is ``s z`` with
     ``z = [Wv[j, g(h)]]_h @ Wo``. For the column ``o`` of the largest ``|z_o|``,

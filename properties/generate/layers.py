@@ -72,6 +72,15 @@ def requirements_of(value: object) -> set[str]:
     return set()
 
 
+def limits_problem(value: object, limits: LayerLimits) -> str | None:
+    """Why a drawn layer configuration lies outside ``limits`` (None: it does not, or is no layer)."""
+    if not isinstance(value, LayerConfig):
+        return None
+    w = value.weights
+    return limits.geometry_problem(w.model_width, w.heads, w.head_width) or limits.cache_problem(
+        value.batch_size, value.capacity, None if value.rope is None else value.rope.rotary_width)
+
+
 @cache  # strategies are immutable; building them anew in every rule is slow
 def bounded_arrays(shape: tuple[int, ...], bound: float) -> st.SearchStrategy[np.ndarray]:
     """Element by element (Hypothesis shrinks each entry): for inputs, small and readable."""
@@ -79,32 +88,31 @@ def bounded_arrays(shape: tuple[int, ...], bound: float) -> st.SearchStrategy[np
     return hnp.arrays(np.float64, shape, elements=elements)
 
 
-@st.composite
-def seeded_arrays(draw: st.DrawFn, shape: tuple[int, ...], bound: float) -> np.ndarray:
-    """Uniform in ``[-bound, bound]`` from a drawn seed; half the time about half the entries are 0.
-
-    For weights: a seed is one choice for Hypothesis to draw and shrink
-    instead of hundreds, and the zeros give rank-deficient matrices too.
-    """
-    seed = draw(st.integers(0, 2**32 - 1), label="seed")
-    sparse = draw(st.booleans(), label="sparse")
+def random_matrices(seed: int, shapes: list[tuple[int, int]], bound: float) -> list[np.ndarray]:
+    """Matrices uniform in ``[-bound, bound]`` from one seed; each, half the time, about half zeros (rank-deficient
+    matrices, and the exact zeros some extreme rows need). A seed is one choice for Hypothesis to draw and shrink
+    instead of hundreds."""
     rng = np.random.default_rng(seed)
-    values = rng.uniform(-bound, bound, shape)
-    if sparse:
-        values[rng.random(shape) < 0.5] = 0.0
-    return values
+    matrices = []
+    for shape in shapes:
+        values = rng.uniform(-bound, bound, shape)
+        if rng.random() < 0.5:
+            values[rng.random(shape) < 0.5] = 0.0
+        matrices.append(values)
+    return matrices
+
+
+SEEDS = st.integers(0, 2**32 - 1)
 
 
 @st.composite
 def attention_weights(draw: st.DrawFn, model_width: int, heads: int, kv_heads: int,
                       head_width: int) -> AttentionWeights:
+    """The four projections, uniform in ``[-1, 1]`` (``random_matrices``)."""
     query, kv = heads * head_width, kv_heads * head_width
-    return AttentionWeights(
-        wq=draw(seeded_arrays((model_width, query), WEIGHT_BOUND), label="wq"),
-        wk=draw(seeded_arrays((model_width, kv), WEIGHT_BOUND), label="wk"),
-        wv=draw(seeded_arrays((model_width, kv), WEIGHT_BOUND), label="wv"),
-        wo=draw(seeded_arrays((query, model_width), WEIGHT_BOUND), label="wo"),
-        heads=heads, kv_heads=kv_heads)
+    shapes = [(model_width, query), (model_width, kv), (model_width, kv), (query, model_width)]
+    return AttentionWeights(*random_matrices(draw(SEEDS, label="seed"), shapes, WEIGHT_BOUND), heads=heads,
+                            kv_heads=kv_heads)
 
 
 def rope_bases() -> st.SearchStrategy[float]:
@@ -118,49 +126,89 @@ def position_styles(capabilities: frozenset[str]) -> list[str]:
     return styles + (["none"] if Capability.POSITIONLESS.value in capabilities else [])
 
 
+FAMILIES = tuple((style, grouped) for style in (*ROPE_STYLES, "none") for grouped in (False, True))
+
+
+def family_name(style: str, grouped: bool) -> str:
+    """A layer family's name in reports and known-failures files: convention and attention kind, "half_split-gqa"."""
+    return f"{style}-{'gqa' if grouped else 'mha'}"
+
+
+def head_widths(limits: LayerLimits = NO_LIMITS) -> list[int]:
+    """Head widths to draw: even (RoPE turns pairs), 2 to 8 -- or, where the limits ask for wider heads than
+    that, only the narrowest they allow (the oracle's cost grows with the width; docs/spec.md §8.1)."""
+    def fits(width: int) -> bool:
+        return (width >= (limits.min_head_width or 0) and width <= (limits.max_head_width or width)
+                and width % (limits.head_width_multiple or 1) == 0)
+
+    widths = [w for w in range(2, MAX_HEAD_WIDTH + 1, 2) if fits(w)]
+    if not widths:  # wider heads only: the narrowest the limits allow, if any
+        top = limits.max_head_width or 4 * max(limits.min_head_width or 2, limits.head_width_multiple or 2)
+        widths = [w for w in range(MAX_HEAD_WIDTH + 2, top + 1, 2) if fits(w)][:1]
+    return widths
+
+
+def geometries(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS, *, grouped: bool | None = None,
+               rope: bool = True) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """Every (heads, kv heads, head width, model widths) the adapter can build, simplest first: within its
+    ``layer_limits``, grouped-query only if it declares ``gqa`` (``grouped`` True: only GQA/MQA, False: only
+    MHA), and for a RoPE layer within its rotary-width limit unless it declares ``partial_rotary``."""
+    gqa = Capability.GQA.value in capabilities
+    partial = Capability.PARTIAL_ROTARY.value in capabilities
+    found = []
+    for head_width in head_widths(limits):
+        if rope and not partial and limits.max_rotary_width is not None and head_width > limits.max_rotary_width:
+            continue  # its one rotary width is the whole head
+        for heads in range(1, min(MAX_HEADS, limits.max_heads or MAX_HEADS) + 1):
+            if limits.model_width_is_heads_times_head_width:
+                widths = [heads * head_width]
+            else:
+                widths = list(range(1, min(MAX_MODEL_WIDTH, limits.max_model_width or MAX_MODEL_WIDTH) + 1))
+            widths = [w for w in widths if limits.geometry_problem(w, heads, head_width) is None]
+            if not widths or (limits.model_width_is_heads_times_head_width and limits.max_model_width is None
+                              and widths[0] > max(MAX_MODEL_WIDTH, head_width)):
+                continue
+            for kv_heads in sorted((d for d in range(1, heads + 1) if heads % d == 0), reverse=True):
+                is_grouped = kv_heads < heads
+                if (is_grouped and not gqa) or (grouped is not None and grouped != is_grouped):
+                    continue
+                found.append((heads, kv_heads, head_width, tuple(widths)))
+    return found
+
+
+def layer_families(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS) -> list[tuple[str, bool]]:
+    """The (position convention, grouped) families the adapter can build at least one layer of."""
+    return [(style, grouped) for style, grouped in FAMILIES if style in position_styles(capabilities)
+            and geometries(capabilities, limits, grouped=grouped, rope=style != "none")]
+
+
 @st.composite
 def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str | None = None,
-                  grouped: bool | None = None, limits: LayerLimits = NO_LIMITS, min_capacity: int = 1) -> LayerConfig:
+                  grouped: bool | None = None, limits: LayerLimits = NO_LIMITS, min_capacity: int = 1,
+                  families: tuple[tuple[str, bool], ...] | None = None) -> LayerConfig:
     """A geometry, position convention, weights and cache shape the implementation claims to support.
 
-    ``style`` fixes the convention (a RoPE pairing, or ``"none"``: a positionless
-    layer); ``grouped`` asks for GQA/MQA (``True``: fewer kv heads than heads) or
-    for MHA (``False``). Only geometries within ``limits`` are drawn.
+    ``style`` fixes the convention (a RoPE pairing, or ``"none"``: a positionless layer); ``grouped`` asks
+    for GQA/MQA (True) or MHA (False); ``families`` draws the (style, grouped) pair from those given, each
+    alike. Only geometries within ``limits`` are drawn (``geometries``); a configuration the adapter cannot
+    build is never drawn -- the properties' gate skips what has none.
     """
+    if families is not None:
+        style, grouped = draw(st.sampled_from(families), label="family")
     styles = [c for c in position_styles(capabilities) if style in (None, c)]
     if not styles:
         raise ValueError(f"the adapter declares no position convention{f' {style!r}' if style else ''} "
                          "(rope_interleaved, rope_half_split or positionless)")
-    max_heads = min(MAX_HEADS, limits.max_heads or MAX_HEADS)
-    head_widths = [w for w in range(2, min(MAX_HEAD_WIDTH, limits.max_head_width or MAX_HEAD_WIDTH) + 1, 2)]
-    max_width = min(MAX_MODEL_WIDTH, limits.max_model_width or MAX_MODEL_WIDTH)
-    if limits.model_width_is_heads_times_head_width:  # only (H, dh) with H * dh within the width limit
-        pairs = [(h, w) for h in range(1, max_heads + 1) for w in head_widths if h * w <= max_width]
-        if grouped:
-            pairs = [(h, w) for h, w in pairs if h >= 2]
-        if not pairs:
-            raise ValueError(f"layer_limits leave no geometry to draw: {limits.described()}")
-        heads, head_width = draw(st.sampled_from(pairs), label="heads, head_width")
-    else:
-        if grouped and max_heads < 2:
-            raise ValueError(f"layer_limits leave no grouped geometry to draw: {limits.described()}")
-        heads = draw(st.integers(2 if grouped else 1, max_heads), label="heads")
-        head_width = draw(st.sampled_from(head_widths), label="head_width")
-    if grouped:
-        kv_heads = draw(st.sampled_from([d for d in range(1, heads) if heads % d == 0]), label="kv_heads")
-    elif grouped is None and Capability.GQA.value in capabilities:
-        kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]), label="kv_heads")
-    else:
-        kv_heads = heads
-    if limits.model_width_is_heads_times_head_width:
-        model_width = heads * head_width
-    else:
-        model_width = draw(st.integers(1, max_width), label="model_width")
+    chosen = draw(st.sampled_from(styles), label="positions")
+    shapes = geometries(capabilities, limits, grouped=grouped, rope=chosen != "none")
+    if not shapes:
+        raise ValueError(f"layer_limits leave no geometry to draw: {limits.described()}")
+    heads, kv_heads, head_width, widths = draw(st.sampled_from(shapes), label="geometry")
+    model_width = draw(st.sampled_from(widths), label="model_width")
     max_capacity = min(MAX_CAPACITY, limits.max_capacity or MAX_CAPACITY)
     capacity = draw(st.integers(min(min_capacity, max_capacity), max_capacity), label="capacity")
-    chosen = draw(st.sampled_from(styles), label="positions")
     rope = None if chosen == "none" else draw(rope_configs(capabilities, head_width, min_positions=capacity,
-                                                           style=chosen))
+                                                           style=chosen, limits=limits))
     weights = draw(attention_weights(model_width, heads, kv_heads, head_width))
     batch_size = draw(st.integers(1, min(MAX_BATCH, limits.max_batch or MAX_BATCH)), label="batch_size")
     return LayerConfig(weights=weights, rope=rope, batch_size=batch_size, capacity=capacity)
@@ -168,12 +216,13 @@ def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str |
 
 @st.composite
 def rope_configs(draw: st.DrawFn, capabilities: frozenset[str], head_width: int,
-                 min_positions: int, style: str | None = None) -> RopeConfig:
+                 min_positions: int, style: str | None = None, limits: LayerLimits = NO_LIMITS) -> RopeConfig:
     styles = [s for s in ROPE_STYLES if f"rope_{s}" in capabilities and style in (None, s)]
     if not styles:
         raise ValueError("the adapter declares no RoPE style (rope_interleaved / rope_half_split)")
     if Capability.PARTIAL_ROTARY.value in capabilities:
-        rotary_width = draw(st.sampled_from(range(head_width, 0, -2)), label="rotary_width")
+        widest = min(head_width, limits.max_rotary_width or head_width)
+        rotary_width = draw(st.sampled_from(range(widest - widest % 2, 0, -2)), label="rotary_width")
     else:
         rotary_width = head_width
     max_positions = draw(st.one_of(st.integers(min_positions, min_positions + 8),
@@ -189,5 +238,6 @@ def weight_updates(draw: st.DrawFn, weights: AttentionWeights) -> AttentionWeigh
     if draw(st.booleans(), label="rewrite identical values"):
         new = [w.copy() for w in old]
     else:
-        new = [np.clip(w + draw(seeded_arrays(w.shape, 0.25)), -WEIGHT_BOUND, WEIGHT_BOUND) for w in old]
+        steps = random_matrices(draw(SEEDS, label="seed"), [w.shape for w in old], 0.25)
+        new = [np.clip(w + step, -WEIGHT_BOUND, WEIGHT_BOUND) for w, step in zip(old, steps)]
     return AttentionWeights(*new, heads=weights.heads, kv_heads=weights.kv_heads)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,23 +52,36 @@ class AdapterHung(BaseException):
         super().__init__(f"{what}: did not return within {seconds:g} s (per-call timeout, --kv-call-timeout)")
 
 
-@contextmanager
-def _watchdog(what: str, seconds: float) -> Iterator[None]:
-    """Interrupt the current call after ``seconds`` (SIGALRM: main thread, POSIX; elsewhere no limit)."""
+class _Deadline:
+    """The call now running under the time limit, if any: SIGALRM's handler is installed once per process, and
+    each call only arms and disarms the timer (two system calls: a call is made thousands of times a run)."""
+
+    what: str | None = None
+    seconds = 0.0
+
+    @classmethod
+    def expire(cls, signum: int, frame: Any) -> None:
+        if cls.what is not None:
+            raise AdapterHung(cls.what, cls.seconds)
+
+
+def _arm(what: str, seconds: float) -> tuple[str | None, float] | None:
+    """Start the time limit of the call ``what`` (SIGALRM: main thread, POSIX; elsewhere no limit); what
+    ``_disarm`` needs to restore the limit of an enclosing call."""
     if seconds <= 0 or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise AdapterHung(what, seconds)
-
-    previous = signal.signal(signal.SIGALRM, expire)
+        return None
+    if signal.getsignal(signal.SIGALRM) is not _Deadline.expire:
+        signal.signal(signal.SIGALRM, _Deadline.expire)
+    outer = (_Deadline.what, _Deadline.seconds)
+    _Deadline.what, _Deadline.seconds = what, seconds
     signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
+    return outer
+
+
+def _disarm(outer: tuple[str | None, float] | None) -> None:
+    if outer is not None:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _Deadline.what, _Deadline.seconds = outer
 
 
 class Inputs:
@@ -95,11 +107,13 @@ class Inputs:
 
 def run(what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> Outcome:
     """Run one adapter call within the time limit; its exception, if any, unmapped; then check its inputs."""
+    armed = _arm(what, CALL_TIMEOUT)
     try:
-        with _watchdog(what, CALL_TIMEOUT):
-            outcome = Outcome(value=action())
+        outcome = Outcome(value=action())
     except Exception as error:
         outcome = Outcome(error=error)
+    finally:
+        _disarm(armed)
     if inputs is not None:
         inputs.check(what)
     return outcome

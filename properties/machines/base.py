@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from hypothesis import note, target
 
+from ..generate.needs import Needs
 from ..judge.calls import Inputs, call
 from ..judge.checks import expect_success
 from ..judge.failures import NonConformance
@@ -41,6 +42,12 @@ class ConformanceMachine(TracedMachine):
         self.limits = LayerLimits.of(adapter)
         self.judge = Judge.for_adapter(adapter, numbers, layer_caches=self.layer_caches)
         self.targeting = False  # the runner sets it when the profile hill-climbs (Hypothesis's target phase)
+
+    @classmethod
+    def needs(cls, **parameters: Any) -> Needs:
+        """What an adapter must declare for this machine, run with ``parameters``, to apply (the one gate:
+        ``generate.needs``)."""
+        return Needs()
 
     def has(self, capability: Capability | str) -> bool:
         return str(getattr(capability, "value", capability)) in self.capabilities

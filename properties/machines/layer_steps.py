@@ -10,7 +10,9 @@ invariant compares the cache's contents with the oracle.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,6 +20,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
+from ..generate.needs import LAYER_CONVENTION, Alternatives, Needs
 from ..judge.calls import Inputs
 from ..judge.checks import read_snapshot
 from ..judge.failures import NonConformance
@@ -25,7 +28,7 @@ from ..judge.policy import VALID, Due, Expect, Judged, Observed, unchanged
 from ..oracle import FLOAT64, AttentionWeights, NumberSystem, RopeConfig
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.layer import CacheSnapshot
-from ..traces.recording import Draws, RuleSpec, initialize, invariant, rule
+from ..traces.recording import Draws, NotApplicable, RuleSpec, initialize, invariant, rule
 from .base import ConformanceMachine
 from .layer_model import CacheModel, LayerOracle
 
@@ -62,26 +65,52 @@ def shown(snapshot: CacheSnapshot) -> Observed:
     return {name: value for name, value in observed(snapshot).items() if not name.startswith(("physical", "buffer"))}
 
 
+def layer_needs(style: str | None, grouped: bool | None, *also: Any,
+                alternatives: tuple[tuple[str, Alternatives], ...] = ()) -> Needs:
+    """What a layer machine drawing ``style`` (None: any) and ``grouped`` layers needs: that convention, GQA if
+    asked for, and layer limits that leave one such layer."""
+    convention = [] if style is None else ["positionless" if style == "none" else f"rope_{style}"]
+    return Needs.of(*convention, *([Capability.GQA] if grouped else []), *also,
+                    alternatives=(("layer convention", LAYER_CONVENTION), *alternatives), families=((style, grouped),))
+
+
 class LayerSteps(ConformanceMachine):
     """Drive one layer and its cache at random, one row at a time; check every step against the oracle."""
 
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64, style: str | None = None,
-                 grouped: bool | None = None, windowed: bool = False) -> None:
+                 grouped: bool | None = None, windowed: bool = False, left_out_families: Sequence[str] = (),
+                 family_rules: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(adapter, numbers)
-        self.family = {"style": style, "grouped": grouped}  # which configurations this run draws
+        # Which configurations this run draws: one family, or (neither fixed) every family the adapter can
+        # build, alike, but those a known-failures entry leaves out; and rules left out in one family only.
+        self.draws: dict[str, Any] = {"style": style, "grouped": grouped}
+        if style is None and grouped is None:
+            self.draws["families"] = tuple(f for f in g.layer_families(self.capabilities, self.limits)
+                                           if g.family_name(*f) not in left_out_families)
+        self.family_rules: dict[str, set[str]] = {}  # (family, rule): known failures narrowed to one family
+        for family, rule_name in family_rules:
+            self.family_rules.setdefault(family, set()).add(rule_name)
         self.windowed, self.window = windowed, None  # a sliding-window cache (the cache-operations machine)
         self.physical = self.has(Capability.PHYSICAL_STORAGE)
         self.parked: list[Parked] = []  # other live caches (forks), not operated on
         self._facts: tuple[AttentionWeights | None, dict[str, list[Any]]] = (None, {})
 
     def may_run(self, spec: RuleSpec) -> bool:
-        return super().may_run(spec) and not (self.windowed and spec.name in NOT_IN_WINDOWED_RUNS)
+        return super().may_run(spec) and not (self.windowed and spec.name in NOT_IN_WINDOWED_RUNS) and not (
+            self.family_rules and spec.name in self.family_rules.get(self.family, ()))
+
+    @property
+    def family(self) -> str:
+        """The family of the layer drawn: its position convention and attention kind, "interleaved-mha"."""
+        config = self.config
+        return g.family_name("none" if config.rope is None else config.rope.style,
+                             config.weights.kv_heads < config.weights.heads)
 
     # -- set-up -----------------------------------------------------------------------------------------
 
     @initialize(data=st.data())
     def build_layer_and_cache(self, data: Draws) -> None:
-        self.config = data.draw(g.layer_configs(self.capabilities, **self.family, limits=self.limits,
+        self.config = data.draw(g.layer_configs(self.capabilities, **self.draws, limits=self.limits,
                                                 min_capacity=WINDOWED_MIN_CAPACITY if self.windowed else 1),
                                 label="config")
         if self.windowed:  # two or more below the capacity where it can be: rows are evicted, then more
@@ -90,6 +119,9 @@ class LayerSteps(ConformanceMachine):
             self.window = data.draw(st.integers(smallest, max(smallest, min(max(MAX_WINDOW, smallest),
                                                                             self.config.capacity - 2))),
                                     label="window")
+            outside = self.limits.cache_problem(self.config.batch_size, self.config.capacity, window=self.window)
+            if outside:  # (only a replayed window can be: the draw stays within the limits)
+                raise NotApplicable(f"the recorded window is outside this implementation's layer_limits: {outside}")
         self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
         self.weights = self.config.weights  # the layer's weights now (a cache's rows keep theirs: its model's)
         self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")
@@ -297,9 +329,10 @@ class LayerSteps(ConformanceMachine):
         self._step(x, Due.check(ErrorKind.GEOMETRY_MISMATCH), f"append into a cache built for another {change}",
                    cache=other_cache)
 
-    @property
+    @functools.cached_property
     def geometry_changes(self) -> dict[str, tuple[int, int, int, int]]:
-        """Other (model width, heads, kv heads, head width) the implementation can build, by name."""
+        """Other (model width, heads, kv heads, head width) the implementation can build, by name (of the
+        layer drawn at set-up: computed once)."""
         w, limits = self.config.weights, self.limits
         tied = limits.model_width_is_heads_times_head_width
         grouped = w.kv_heads * (1 if self.has(Capability.GQA) else 2)

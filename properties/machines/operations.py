@@ -21,18 +21,27 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
+from ..generate.needs import Needs, one_of
 from ..judge.calls import Inputs
 from ..judge.policy import VALID, Due, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, rule
-from .layer_steps import LayerSteps, Parked, observed, shown
+from .layer_steps import LayerSteps, Parked, layer_needs, observed, shown
 
 MAX_PARKED = 2  # live caches besides the one operated on
+OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capability.BATCH_REORDER], [Capability.FORK])
 
 
 class CacheOperationsMachine(LayerSteps):
     """The layer's one-row steps with chunks, truncation, reorders and forks, optionally on a sliding-window cache."""
+
+    @classmethod
+    def needs(cls, style: str | None = None, grouped: bool | None = None, windowed: bool = False,
+              **_: Any) -> Needs:
+        if windowed:
+            return layer_needs(style, grouped, Capability.SLIDING_WINDOW_LAYER)
+        return layer_needs(style, grouped, alternatives=(("cache operation", OPERATIONS),))
 
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64, style: str | None = None,
                  grouped: bool | None = None, windowed: bool = False) -> None:
@@ -139,7 +148,7 @@ class CacheOperationsMachine(LayerSteps):
     @rule(data=st.data(), when=lambda self: bool(self.parked))
     def switch_cache(self, data: Draws) -> None:
         """Park the cache operated on; operate on a parked one."""
-        index = data.draw(st.integers(0, len(self.parked) - 1), label="parked cache")
+        index = data.choose(range(len(self.parked)), "parked cache")
         chosen = self.parked.pop(index)
         self.parked.append(Parked(self.cache, self.model, self._snapshot(self.cache, "park the cache")))
         self.cache, self.model = chosen.cache, chosen.model

@@ -29,6 +29,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
+from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.checks import fields
 from ..judge.failures import NonConformance
@@ -90,6 +91,10 @@ class PagedCacheMachine(ConformanceMachine):
     pool exhaustion, invalid calls."""
 
     layer_caches = False  # a pool's rows are judged by the dtype rule (docs/spec.md §13.6)
+
+    @classmethod
+    def needs(cls, **_: Any) -> Needs:
+        return Needs.of(PAGED_PREFIX_SHARING, alternatives=(("decoder position convention", DECODER_POSITIONS),))
 
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
         super().__init__(adapter, numbers)

@@ -22,13 +22,14 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
+from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.failures import NonConformance
 from ..judge.policy import Due, Expect
 from ..judge.tolerance import Reference
 from ..oracle import FLOAT64, AttentionWeights, DecoderTrace, NumberSystem, full_decoder, random_decoder_weights
 from ..protocol.decoder import BlockState
-from ..protocol.kinds import ErrorKind
+from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
 from .base import (
     ConformanceMachine,
@@ -44,6 +45,10 @@ class SessionMachine(ConformanceMachine):
     """Prefill, decode, reset, in-place weight updates, full sessions, invalid tokens, steps with two problems."""
 
     layer_caches = False  # a decoder's rows are judged by the dtype rule (docs/spec.md §13.6)
+
+    @classmethod
+    def needs(cls, **_: Any) -> Needs:
+        return Needs.of(Capability.DECODE_SESSION, alternatives=(("decoder position convention", DECODER_POSITIONS),))
 
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
         super().__init__(adapter, numbers)

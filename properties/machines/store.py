@@ -23,13 +23,14 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
+from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.checks import fields
 from ..judge.failures import NonConformance
 from ..judge.policy import Due, Expect
 from ..oracle import FLOAT64, DecoderWeights, NumberSystem, random_decoder_weights
 from ..protocol.decoder import StoreEntry
-from ..protocol.kinds import ErrorKind
+from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
 from .base import (
     ConformanceMachine,
@@ -105,6 +106,11 @@ class PrefixStoreMachine(ConformanceMachine):
     """Prefills and queries under several scopes and weights, invalid queries, scribbled results."""
 
     layer_caches = False  # a store's rows are judged by the dtype rule (docs/spec.md §13.6)
+
+    @classmethod
+    def needs(cls, windowed: bool | None = None, **_: Any) -> Needs:
+        return Needs.of(Capability.PREFIX_STORE, *([Capability.SLIDING_WINDOW] if windowed else []),
+                        alternatives=(("decoder position convention", DECODER_POSITIONS),))
 
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64, windowed: bool | None = None) -> None:
         super().__init__(adapter, numbers)

@@ -51,13 +51,17 @@ def required_methods(capabilities: Any) -> list[str]:
 class LayerLimits:
     """The geometries an implementation can build (an adapter's optional ``layer_limits``, a mapping).
 
-    The suite draws only layers within them, and the report says so. Every
+    The suite draws only layers within them, replays only traces within them, and the report says so. Every
     field is optional; the defaults are the suite's own ranges.
     """
 
     model_width_is_heads_times_head_width: bool = False  # D == H * dh (most model code assumes it)
+    model_width_divisible_by_heads: bool = False  # D % H == 0 (a constructor that splits D into heads)
     max_heads: int | None = None
+    min_head_width: int | None = None
     max_head_width: int | None = None
+    head_width_multiple: int | None = None  # dh a multiple of it (kernels that need dh % 8 == 0, say)
+    max_rotary_width: int | None = None  # the widest rotary width a RoPE layer takes
     max_model_width: int | None = None
     max_batch: int | None = None
     max_capacity: int | None = None
@@ -68,20 +72,58 @@ class LayerLimits:
         given = getattr(adapter, "layer_limits", None) or {}
         if isinstance(given, LayerLimits):
             return given
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(given) - known)
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(given) - set(known))
         if unknown:
             raise TypeError(f"layer_limits: unknown limit {', '.join(map(repr, unknown))}; known: {sorted(known)}")
         for name, value in given.items():
-            wanted = bool if name == "model_width_is_heads_times_head_width" else int
+            wanted = bool if isinstance(known[name].default, bool) else int
             if not isinstance(value, wanted) or (wanted is int and (isinstance(value, bool) or value < 1)):
                 raise TypeError(f"layer_limits[{name!r}] must be {'a bool' if wanted is bool else 'an int >= 1'}, "
                                 f"got {value!r}")
-        return cls(**given)
+        limits = cls(**given)
+        if limits.min_head_width and limits.max_head_width and limits.min_head_width > limits.max_head_width:
+            raise TypeError(f"layer_limits: min_head_width {limits.min_head_width} above max_head_width "
+                            f"{limits.max_head_width}")
+        return limits
 
     def described(self) -> dict[str, Any]:
         """The limits that differ from the suite's defaults (for reports)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def geometry_problem(self, model_width: int, heads: int, head_width: int) -> str | None:
+        """Why a layer of this geometry is outside the limits (None: inside)."""
+        checks = [
+            (self.model_width_is_heads_times_head_width and model_width != heads * head_width,
+             f"model width {model_width} is not heads x head width {heads} x {head_width}"),
+            (self.model_width_divisible_by_heads and model_width % heads != 0,
+             f"model width {model_width} is not divisible by {heads} heads"),
+            (self.max_heads is not None and heads > self.max_heads, f"{heads} heads > max_heads {self.max_heads}"),
+            (self.min_head_width is not None and head_width < self.min_head_width,
+             f"head width {head_width} < min_head_width {self.min_head_width}"),
+            (self.max_head_width is not None and head_width > self.max_head_width,
+             f"head width {head_width} > max_head_width {self.max_head_width}"),
+            (self.head_width_multiple is not None and head_width % self.head_width_multiple != 0,
+             f"head width {head_width} is not a multiple of {self.head_width_multiple}"),
+            (self.max_model_width is not None and model_width > self.max_model_width,
+             f"model width {model_width} > max_model_width {self.max_model_width}"),
+        ]
+        return next((why for broken, why in checks if broken), None)
+
+    def cache_problem(self, batch_size: int, capacity: int, rotary_width: int | None = None,
+                      window: int | None = None) -> str | None:
+        """Why a cache of this shape (of a layer of this rotary width) is outside the limits (None: inside)."""
+        checks = [
+            (self.max_batch is not None and batch_size > self.max_batch, f"batch {batch_size} > max_batch "
+                                                                         f"{self.max_batch}"),
+            (self.max_capacity is not None and capacity > self.max_capacity,
+             f"capacity {capacity} > max_capacity {self.max_capacity}"),
+            (self.max_rotary_width is not None and rotary_width is not None and rotary_width > self.max_rotary_width,
+             f"rotary width {rotary_width} > max_rotary_width {self.max_rotary_width}"),
+            (self.min_window is not None and window is not None and window < self.min_window,
+             f"window {window} < min_window {self.min_window}"),
+        ]
+        return next((why for broken, why in checks if broken), None)
 
 
 DTYPES = ("float64", *LOW_PRECISIONS)

@@ -30,7 +30,10 @@ from typing import Any
 import pytest
 
 OPTION = "--kv-xfails"
+FORMER_IDS = "kv_former_ids"  # a marker: the parametrised properties a property replaced, {suffix: parameters}
 LEFT_OUT = pytest.StashKey[dict[str, "Entry"]]()  # on an item: rule name -> the entry leaving it out
+FAMILY_RULES = pytest.StashKey[dict[tuple[str, str], "Entry"]]()  # (former id's suffix, rule) -> entry
+FAMILIES_KNOWN = pytest.StashKey[dict[str, "Entry"]]()  # former id's suffix -> the entry expecting it to fail
 _LINE = re.compile(r"^(?P<property>\S+)(?:\s+::\s+(?P<rule>\S+))?$")
 
 
@@ -112,6 +115,23 @@ def left_out(node: Any) -> dict[str, Entry]:
     return dict(node.stash.get(LEFT_OUT, {}))
 
 
+def former_ids(node: Any) -> dict[str, dict[str, Any]]:
+    """The parametrised properties this test replaced: ``{suffix: machine parameters}`` -- their node ids were
+    this test's followed by ``[suffix]``."""
+    marker = node.get_closest_marker(FORMER_IDS) if hasattr(node, "get_closest_marker") else None
+    return dict(marker.args[0]) if marker is not None else {}
+
+
+def family_rules(node: Any) -> dict[tuple[str, str], Entry]:
+    """(former id's suffix, rule): the rules an entry naming a former id leaves out for that part only."""
+    return dict(node.stash.get(FAMILY_RULES, {}))
+
+
+def families_known(node: Any) -> dict[str, Entry]:
+    """Former ids' suffixes an entry expects to fail: left out of the draws, and run on their own (strictly)."""
+    return dict(node.stash.get(FAMILIES_KNOWN, {}))
+
+
 class KnownFailures:
     """A pytest plugin: marks what the entries match, in every process that collects (each xdist worker)."""
 
@@ -126,19 +146,37 @@ class KnownFailures:
         for item in items:
             found = [entry for entry in self.entries if entry.matches(item.nodeid)]
             matched.update(found)
+            former = {f"{item.nodeid}[{suffix}]": suffix for suffix in former_ids(item)}
+            by_former = [(entry, suffix) for entry in self.entries if entry not in found
+                         for nodeid, suffix in former.items() if entry.matches(nodeid)]
+            matched.update(entry for entry, _ in by_former)
+            known = {suffix: entry for entry, suffix in by_former if entry.rule is None}
             whole = [entry for entry in found if entry.rule is None]
+            if former and set(known) == set(former.values()):  # every part expected to fail: the whole test
+                whole += list(dict.fromkeys(known.values()))
+                known = {}
             if whole:
                 reason = "; ".join(entry.describe() for entry in whole)
                 item.add_marker(pytest.mark.xfail(reason=f"known failure: {reason}", strict=True))
                 item.user_properties.append(("kv_known_failure", reason))
             rules = {entry.rule: entry for entry in found if entry.rule is not None}
-            if rules:
+            narrowed = {(suffix, entry.rule): entry for entry, suffix in by_former if entry.rule is not None}
+            if rules or narrowed or known:
                 if "conformance" not in getattr(item, "fixturenames", ()):
                     errors += [f"{OPTION} {entry.where}: {item.nodeid} runs no state machine; only a machine "
-                               "property can leave a rule out" for entry in rules.values()]
+                               "property can leave a rule out" for entry in [*rules.values(), *narrowed.values()]]
                 item.stash[LEFT_OUT] = rules
-                item.user_properties.append(("kv_rules_left_out",
-                                             {rule: entry.describe() for rule, entry in sorted(rules.items())}))
+                item.stash[FAMILY_RULES] = narrowed
+                item.stash[FAMILIES_KNOWN] = known
+                if rules:
+                    item.user_properties.append(("kv_rules_left_out",
+                                                 {rule: entry.describe() for rule, entry in sorted(rules.items())}))
+                if narrowed:
+                    item.user_properties.append(("kv_rules_left_out_of", {
+                        f"{suffix} :: {rule}": entry.describe() for (suffix, rule), entry in sorted(narrowed.items())}))
+                if known:
+                    item.user_properties.append(("kv_parts_known_to_fail",
+                                                 {suffix: entry.describe() for suffix, entry in sorted(known.items())}))
         collected = {item.nodeid.partition("::")[0] for item in items}
         unmatched = [entry for entry in self.entries if entry not in matched
                      and not (entry.file and entry.file not in collected and (config.rootpath / entry.file).is_file())]

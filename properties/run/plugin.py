@@ -64,6 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{known_failures.FORMER_IDS}(ids): the parametrised properties this one "
+                                       "replaced, {suffix: machine parameters} (run/known_failures.py)")
     try:
         adapter = selection.configure(config.getoption(selection.OPTION), config.getoption("--oracle"))
     except selection.AdapterLoadError as error:
@@ -132,11 +134,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("regression_trace", traces, ids=[p.stem for p in traces])
 
 
-# Quickest verdicts first, so that ``-x`` stops early: kept counterexamples replay in milliseconds, then the
-# short properties, then one layer family (where most layer bugs show), the decoder machines, the other families.
-_FIRST = ("test_regressions.py", "test_cache_creation.py", "test_precision.py", "[interleaved-mha]",
-          "test_prefix_store.py", "test_session.py", "test_paged_cache.py", "test_cache_operations.py",
-          "test_layer_cache.py")
+# Quickest verdicts first, so that ``-x`` stops early: kept counterexamples replay in milliseconds; then one
+# run of each machine, the layer's first (most bugs show there); then the second runs and the short properties,
+# whose checks the machines cover in part.
+_FIRST = ("test_regressions.py", "test_layer_cache.py", "test_prefix_store_conforms[full-attention]",
+          "test_session.py", "test_paged_cache.py", "test_cache_operations_conform[full]",
+          "test_cache_operations_conform[window]", "test_prefix_store.py", "test_cache_creation.py",
+          "test_precision.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

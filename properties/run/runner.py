@@ -9,7 +9,8 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,12 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from ..generate.needs import Needs
 from ..judge.calls import AdapterHung
 from ..judge.failures import NonConformance, check_of, kind_of
 from ..judge.tolerance import closer_to_failing
 from ..machines import MACHINES
 from ..oracle import FLOAT64, NumberSystem
-from ..protocol.kinds import declared
 from ..protocol.layer import KvCacheAdapter
 from ..traces import codec, recording
 from . import known_failures, selection
@@ -41,6 +42,7 @@ class RunResult:
     failing_step: int | None = None  # index in the trace's steps
     steps: int = 0  # rules in the shrunk failing program, set-up not counted
     trace: Path | None = None
+    families: Counter[str] = field(default_factory=Counter)  # runs per layer family drawn (layer machines)
 
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
@@ -104,6 +106,9 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
 
 def _keep_worst(result: RunResult, machine: Any) -> None:
     result.worst = closer_to_failing(machine.judge.worst, result.worst)
+    family = getattr(machine, "family", None) if hasattr(machine, "config") else None
+    if family is not None:
+        result.families[family] += 1
 
 
 def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_id: str, parameters: dict[str, Any],
@@ -153,26 +158,56 @@ class PropertyRun:
     def record(self, name: str, value: Any) -> None:
         self.node.user_properties.append((f"kv_{name}", value))
 
-    def require(self, *capabilities: str) -> None:
-        """Skip, naming what is missing, unless the implementation declares every capability."""
-        self.required = tuple(str(getattr(c, "value", c)) for c in capabilities)
-        missing = [c for c in self.required if c not in declared(self.adapter.capabilities)]
-        if missing:
-            pytest.skip(f"{self.adapter.name} does not declare {', '.join(missing)}")
+    def require(self, needs: Needs) -> None:
+        """Skip, with the reason, unless the implementation has what ``needs`` names (for a property that runs
+        no machine: a machine's own needs are asked in ``run``)."""
+        problem = needs.problem(self.adapter)
+        if problem is not None:
+            pytest.skip(problem)
 
     def run(self, machine: str, **parameters: Any) -> RunResult:
-        """Run ``machine``, without the rules a ``--kv-xfails`` entry leaves out; raise its failure."""
-        left_out = known_failures.left_out(self.node)
+        """Run ``machine``, without the rules a ``--kv-xfails`` entry leaves out; raise its failure.
+
+        A property that replaced parametrised ones (``known_failures.former_ids``) first replays what
+        Hypothesis saved under their node ids, and honours entries naming them: a part expected to fail is
+        left out of the draws and run on its own, strictly; a rule left out of one part is left out there only
+        (the machine takes ``left_out_families`` and ``family_rules``)."""
+        problem = MACHINES[machine].needs(**parameters).problem(self.adapter)  # the one gate
+        if problem is not None:
+            pytest.skip(problem)
+        self.required = tuple(sorted(MACHINES[machine].needs(**parameters).capabilities))
         rules = {name for name, spec in MACHINES[machine].specs().items() if spec.kind == "rule"}
-        for name, entry in left_out.items():
+        left_out = known_failures.left_out(self.node)
+        narrowed = known_failures.family_rules(self.node)
+        for name, entry in [*left_out.items(), *((rule, entry) for (_, rule), entry in narrowed.items())]:
             if name not in rules:
                 raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.node.nodeid} runs the "
                                         f"{machine} machine, which has no rule {name!r}; its rules: "
                                         f"{', '.join(sorted(rules))}")
-        result = run_machine(machine, self.adapter, property_id=self.node.nodeid, parameters=parameters,
+        former = known_failures.former_ids(self.node)
+        known = known_failures.families_known(self.node)
+        for suffix, old in former.items():  # what was saved under the former ids, replayed by the property now
+            if suffix not in known:
+                self._replay_saved(machine, f"{self.node.nodeid}[{suffix}]", old, frozenset(left_out) | {
+                    rule for (part, rule) in narrowed if part == suffix})
+        for suffix, entry in known.items():
+            self._known_part(machine, suffix, former[suffix], entry, frozenset(left_out))
+        if former:
+            parameters = {**parameters, **({"left_out_families": sorted(known)} if known else {}),
+                          **({"family_rules": sorted(narrowed)} if narrowed else {})}
+        result = self._search(machine, self.node.nodeid, parameters, frozenset(left_out))
+        if result.failure is not None:
+            raise result.failure
+        return result
+
+    def _search(self, machine: str, property_id: str, parameters: dict[str, Any], left_out: frozenset[str],
+                settings: Settings | None = None) -> RunResult:
+        result = run_machine(machine, self.adapter, property_id=property_id, parameters=parameters,
                              requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
-                             spec=self.spec, disabled_rules=frozenset(left_out))
-        self.record("runs", result.runs)
+                             spec=self.spec, disabled_rules=left_out, settings=settings)
+        self.record("runs", result.runs + dict(self.node.user_properties).get("kv_runs", 0))
+        if result.families:
+            self.record("families", dict(sorted(result.families.items())))
         self.record("worst_error", result.worst[0])
         self.record("tolerance", result.worst[1])
         self.record("rule", result.rule)
@@ -184,8 +219,34 @@ class PropertyRun:
             failed_in = failing_rule(result)
             if failed_in is not None:
                 self.record("rule_failed", failed_in)
-            raise result.failure
         return result
+
+    def _replay_saved(self, machine: str, former_id: str, parameters: dict[str, Any], left_out: frozenset[str]) -> None:
+        """Replay, first, the examples Hypothesis saved under a former node id (nothing is drawn)."""
+        current = Settings()
+        if current.database is None or Phase.reuse not in current.phases:
+            return
+        replaying = Settings(current, phases=(Phase.explicit, Phase.reuse), report_multiple_bugs=False)
+        result = run_machine(machine, self.adapter, property_id=former_id, parameters=parameters,
+                             requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
+                             spec=self.spec, disabled_rules=left_out, settings=replaying)
+        if isinstance(result.failure, NonConformance):  # (nothing saved: Hypothesis says it ran no test case)
+            self._search(machine, former_id, parameters, left_out, replaying)
+            raise result.failure
+
+    def _known_part(self, machine: str, suffix: str, parameters: dict[str, Any], entry: known_failures.Entry,
+                    left_out: frozenset[str]) -> None:
+        """A former part expected to fail: run on its own; its failure is known, its passing an error (strict)."""
+        result = run_machine(machine, self.adapter, property_id=f"{self.node.nodeid}[{suffix}]",
+                             parameters=parameters, requires=self.required, numbers=self.numbers,
+                             trace_dir=self.trace_dir, spec=self.spec, disabled_rules=left_out)
+        if result.failure is None:
+            raise NonConformance(f"{suffix}: a known failure passed ({entry.describe()}): the bug is fixed, remove "
+                                 "the line", kind="known failure passed", check=suffix)
+        if not isinstance(result.failure, NonConformance):
+            raise result.failure
+        self.record(f"known_{suffix}", {"reason": entry.describe(), "failure_kind": kind_of(result.failure),
+                                        "trace": str(result.trace) if result.trace else None})
 
 
 def failing_rule(result: RunResult) -> str | None:

@@ -13,16 +13,20 @@ the same values back into the same rules against any implementation
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 from hypothesis import stateful
 from hypothesis import strategies as st
 
-from ..generate.layers import requirements_of
+from ..generate.layers import limits_problem, requirements_of
+from ..generate.layouts import same_layout_copy
+from ..protocol.declarations import LayerLimits
 from .codec import TraceError, decode, encode
 
 _SPEC = "_kvcache_rule"
@@ -41,13 +45,26 @@ class NotApplicable(Exception):
 
 @dataclass
 class Step:
+    """One rule of a run: its arguments, every value it drew and what was expected of each adapter call. Values
+    are kept as drawn (copies where they could be written to later) and encoded only when the trace is written:
+    most runs pass, and are never written."""
+
     rule: str
     arguments: dict[str, Any]
-    draws: list[dict[str, Any]]  # {"label", "value"}, encoded, in drawing order
-    expected: list[dict[str, Any]]  # what the machine expected of each adapter call, encoded
+    draws: list[tuple[str | None, Any]]  # (label, value), in drawing order
+    expected: list[dict[str, Any]]  # what the call policy expected of each adapter call
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "arguments": self.arguments, "draws": self.draws, "expected": self.expected}
+        return {"rule": self.rule, "arguments": {k: encode(v) for k, v in self.arguments.items()},
+                "draws": [{"label": label, "value": encode(value)} for label, value in self.draws],
+                "expected": [{k: encode(v) for k, v in expectation.items()} for expectation in self.expected]}
+
+
+def _kept(value: Any) -> Any:
+    """``value`` as it is now: arrays and lists may be written into after they are drawn."""
+    if isinstance(value, np.ndarray):
+        return same_layout_copy(value)
+    return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
 class Tape:
@@ -57,18 +74,18 @@ class Tape:
         self.steps: list[Step] = []
 
     def begin(self, rule: str, arguments: dict[str, Any]) -> None:
-        self.steps.append(Step(rule, {k: encode(v) for k, v in arguments.items()}, [], []))
+        self.steps.append(Step(rule, dict(arguments), [], []))
 
     def data(self, data: Any) -> Any:
         return _RecordingData(data, self)
 
     def drew(self, label: str | None, value: Any) -> None:
-        self.steps[-1].draws.append({"label": label, "value": encode(value)})
+        self.steps[-1].draws.append((label, _kept(value)))
 
     def expect(self, call: str, **outcome: Any) -> None:
         """What the specification requires of the adapter call ``call`` (for readers of the trace)."""
         if self.steps:
-            self.steps[-1].expected.append({"call": call, **{k: encode(v) for k, v in outcome.items()}})
+            self.steps[-1].expected.append({"call": call, **outcome})
 
 
 class Draws(Protocol):
@@ -98,12 +115,13 @@ class _RecordingData:
 class Playback(Tape):
     """Feeds a recorded run's draws back, in order, checking labels and applicability."""
 
-    def __init__(self, steps: list[dict[str, Any]], capabilities: frozenset[str]) -> None:
+    def __init__(self, steps: list[dict[str, Any]], capabilities: frozenset[str],
+                 limits: LayerLimits | None = None) -> None:
         super().__init__()
         self._recorded = iter(steps)
         self._left = len(steps)  # steps not yet begun
         self._draws: Iterator[dict[str, Any]] = iter(())
-        self.capabilities = capabilities
+        self.capabilities, self.limits = capabilities, limits or LayerLimits()
 
     def begin(self, rule: str, arguments: dict[str, Any]) -> None:
         super().begin(rule, arguments)
@@ -127,6 +145,9 @@ class Playback(Tape):
         missing = requirements_of(value) - self.capabilities
         if missing:
             raise NotApplicable(f"the recorded {label} needs {', '.join(sorted(missing))}")
+        outside = limits_problem(value, self.limits)
+        if outside:
+            raise NotApplicable(f"the recorded {label} is outside this implementation's layer_limits: {outside}")
         self.drew(label, value)
         return value
 

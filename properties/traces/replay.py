@@ -25,11 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..generate.needs import Needs
 from ..judge.calls import AdapterHung
 from ..judge.failures import NonConformance, check_of, kind_of
 from ..judge.policy import Expect
 from ..machines import MACHINES
 from ..oracle import FLOAT64, NumberSystem
+from ..protocol.declarations import LayerLimits
+from ..protocol.kinds import declared
 from ..run import selection
 from . import codec, recording
 
@@ -60,13 +65,14 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
     cls = MACHINES.get(document.get("machine", ""))
     if cls is None:
         raise codec.TraceError(f"unknown machine {document.get('machine')!r}; known: {sorted(MACHINES)}")
-    capabilities = frozenset(adapter.capabilities)
-    missing = sorted(set(document.get("requires", ())) - capabilities)
-    if missing:
-        return verdict("not applicable", None, f"{adapter.name} does not declare {', '.join(missing)}")
+    capabilities = declared(adapter.capabilities)
     parameters = {k: codec.decode(v) for k, v in document.get("parameters", {}).items()}
+    # The one gate, as for the properties: what the machine run needs, and what the trace says it needed.
+    problem = cls.needs(**parameters).problem(adapter) or Needs.of(*document.get("requires", ())).problem(adapter)
+    if problem is not None:
+        return verdict("not applicable", None, problem)
     machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
-    machine.tape = recording.Playback(document["steps"], capabilities)
+    machine.tape = recording.Playback(document["steps"], capabilities, LayerLimits.of(adapter))
     specs, invariants = cls.specs(), recording.invariants_of(cls)
     for index, step in enumerate(document["steps"]):
         name = step["rule"]
@@ -86,9 +92,9 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
             getattr(machine, name)(**arguments)
             for check in invariants:
                 check(machine)
-        except recording.NotApplicable as reason:
+        except recording.NotApplicable as reason:  # a recorded value this implementation is not offered
             out(f"{shown}: NOT APPLICABLE\n    {reason}")
-            return verdict("not applicable", index, str(reason))
+            return verdict("not applicable", index, f"no longer applies at step {index}: {reason}")
         except recording.TraceEnded as reason:  # the recorded failure was inside this step; here it did not happen
             out(f"{shown}: ok as far as recorded\n    {reason}")
             for expectation in machine.tape.steps[-1].expected:
@@ -123,7 +129,8 @@ def describe(expectation: dict[str, Any]) -> str:
     details = [f"{key} = {codec.decode(value)}" for key, value in expectation.items()
                if key not in ("call", "expect", "output", "tolerance")]
     if "output" in expectation:
-        details.insert(0, f"result within {codec.decode(expectation['tolerance']):.1e} of the oracle")
+        tolerance = np.max(codec.decode(expectation["tolerance"]))  # one number, or one per element
+        details.insert(0, f"result within {float(tolerance):.1e} of the oracle")
     elif expect == Expect.SUCCESS.value and not details:
         details.insert(0, "success")
     return f"{call}: {', '.join(details)}"

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from hypothesis import Phase
+
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.databases import SharedScope, SuiteDatabase, open_shared, publish
 from kvcache_conformance.run.runner import run_machine
-
 from tests.campaigns.adapters import OffOnInterleavedMha
 from tests.campaigns.conftest import ROOT, free_port, start_redis, stop_redis
 from tests.mutants import MUTANTS, build

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
+
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.databases import (
@@ -26,7 +27,6 @@ from kvcache_conformance.run.databases import (
     SuiteDatabase,
 )
 from kvcache_conformance.run.runner import RunResult, run_machine
-
 from tests.campaigns.adapters import FixedOffOnInterleavedMha, OffOnInterleavedMha
 
 pytestmark = pytest.mark.slow  # whole machine runs
