@@ -9,6 +9,7 @@ capability the implementation does not declare.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,13 +18,17 @@ from kvcache_conformance.run import selection
 from kvcache_conformance.traces import codec, replay
 
 
-def test_trace_replays(regression_trace: Path) -> None:
+def test_trace_replays(regression_trace: Path, record_property: Any) -> None:
     adapter = selection.selected()
     lines: list[str] = []
-    verdict = replay.replay(codec.load(regression_trace), adapter, numbers=selection.oracle_numbers(),
-                            out=lines.append)
+    document = codec.load(regression_trace)
+    verdict = replay.replay(document, adapter, numbers=selection.oracle_numbers(), out=lines.append)
     if verdict.status == "not applicable":
         pytest.skip(f"{regression_trace.name}: {verdict.message}")
-    if not verdict.conforms:
-        raise NonConformance(f"{regression_trace}: diverges at step {verdict.step}\n" + "\n".join(lines),
-                             kind="corpus trace diverges", check=regression_trace.stem)
+    if not verdict.conforms:  # a cause of its own, with its trace (the report keeps the trace's name)
+        record_property("kv_cause_per_instance", True)
+        record_property("kv_trace", str(regression_trace))
+        record_property("kv_rule_failed", document["steps"][verdict.step]["rule"] if verdict.step is not None
+                        else None)
+        raise NonConformance(f"{regression_trace}: diverges at step {verdict.step}: {verdict.message}\n"
+                             + "\n".join(lines), kind=verdict.kind or "corpus trace diverges", check=verdict.check)

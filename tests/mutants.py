@@ -346,26 +346,29 @@ MUTANTS = (
 )
 
 
-def build(mutant: Mutant, directory: Path) -> str:
-    """Write the mutated copy of ``impl`` under ``directory``; return its adapter spec."""
-    package = f"impl_mutant_{mutant.name}"
+def build(mutant: Mutant, directory: Path, *also: Mutant) -> str:
+    """Write the mutated copy of ``impl`` under ``directory`` (with the edits of ``also`` too: one implementation
+    with several bugs); return its adapter spec."""
+    name = "+".join(m.name for m in (mutant, *also))
+    package = f"impl_mutant_{name.replace('+', '__')}"
     target = directory / package
     if not target.exists():
         shutil.copytree(IMPL, target, ignore=shutil.ignore_patterns("__pycache__"))
-        path = target / mutant.file
-        source = path.read_text()
-        for old, new in mutant.edits:
-            count = source.count(old)
-            if count != 1:
-                raise AssertionError(f"mutant {mutant.name}: {old!r} occurs {count} times in impl/{mutant.file}")
-            source = source.replace(old, new)
-        path.write_text(source)
+        for each in (mutant, *also):
+            path = target / each.file
+            source = path.read_text()
+            for old, new in each.edits:
+                count = source.count(old)
+                if count != 1:
+                    raise AssertionError(f"mutant {each.name}: {old!r} occurs {count} times in impl/{each.file}")
+                source = source.replace(old, new)
+            path.write_text(source)
         # Its own name: its own example database, and traces that say who failed.
         adapter = target / "conformance.py"
-        text = adapter.read_text().replace('"impl-reference"', f'"impl-mutant-{mutant.name}"')
-        for capability in mutant.undeclared:
+        text = adapter.read_text().replace('"impl-reference"', f'"impl-mutant-{name}"')
+        for capability in {c for each in (mutant, *also) for c in each.undeclared}:
             if text.count(f'"{capability}", ') != 1:
-                raise AssertionError(f"mutant {mutant.name}: the reference does not declare {capability!r} once")
+                raise AssertionError(f"mutant {name}: the reference does not declare {capability!r} once")
             text = text.replace(f'"{capability}", ', "")
         adapter.write_text(text)
     if str(directory) not in sys.path:

@@ -25,7 +25,8 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     environment = {**os.environ, "HYPOTHESIS_PROFILE": "ci"}
     subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "properties/test_layer_cache.py",
-         "properties/test_session.py", "properties/test_cache_creation.py", "-k", "layer_cache or session or zero_batch",
+         "properties/test_session.py", "properties/test_cache_creation.py", "-k",
+         "layer_cache or session or zero_batch",
          "--kv-impl", "tests.misbehaving:ReturnsTheWrongDtype", f"--kv-report={report}",
          f"--kv-traces={tmp_path / 'traces'}"],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)

@@ -25,7 +25,7 @@ from ..judge.failures import check_of, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
-from . import databases, known_failures, profiles, selection
+from . import databases, known_failures, profiles, runner, selection
 from .provenance import ROOT
 from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
@@ -51,6 +51,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kv-call-timeout", type=float, default=calls.CALL_TIMEOUT, metavar="SECONDS",
                     help="a call into the implementation that takes longer is a non-conformance naming the step "
                          "(default: %(default)s; 0: no limit)")
+    group.addoption("--kv-causes", type=int, default=None, metavar="N",
+                    help=f"after a property fails, search it again with the failing rule left out, up to N distinct "
+                         f"causes in all (default {runner.MAX_CAUSES}; 1 under -x / --maxfail: the first failure "
+                         "fast)")
+    group.addoption("--kv-shrink-seconds", type=float, default=runner.SHRINK_SECONDS, metavar="SECONDS",
+                    help="stop shrinking a failure after this long; its trace is then the shortest failing run "
+                         "found, and says so (default: %(default)s)")
     group.addoption("--kv-report", default=None, metavar="PATH",
                     help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
     group.addoption(known_failures.OPTION, default=None, metavar="FILE",
@@ -73,6 +80,11 @@ def pytest_configure(config: pytest.Config) -> None:
     profiles.register(DATABASE_ROOT, selection.database_key(adapter), shared=_shared_database(config, adapter))
     profiles.load()
     calls.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
+    causes = config.getoption("--kv-causes")
+    if causes is not None and causes < 1:
+        raise pytest.UsageError("--kv-causes must be 1 or more")
+    runner.MAX_CAUSES = causes if causes is not None else 1 if config.getoption("maxfail", 0) else runner.MAX_CAUSES
+    runner.SHRINK_SECONDS = config.getoption("--kv-shrink-seconds")
     xfails = config.getoption(known_failures.OPTION)
     if xfails:
         specs = [(name, spec.kind) for machine in MACHINES.values() for name, spec in machine.specs().items()]

@@ -194,17 +194,22 @@ def causes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if entry["outcome"] not in ("failed", "xfailed"):
             continue
         message = entry.get("failure") or entry.get("reason") or ""
-        kind = entry.get("failure_kind") or ("failed outside the property" if entry["outcome"] == "failed"
-                                             else "known failure")
-        function = re.sub(r"\[.*\]$", "", entry["property"])
-        key = (function, entry.get("rule_failed") or "", kind, entry.get("failure_check") or "")
-        cause = groups.setdefault(key, {"property": function, "rule": entry.get("rule_failed"), "kind": kind,
-                                        "check": entry.get("failure_check"), "failed": 0, "known": 0,
-                                        "instances": [], "traces": [], "example": message.split("\n")[0]})
-        cause["failed" if entry["outcome"] == "failed" else "known"] += 1
-        cause["instances"].append(entry["property"])
-        if entry.get("trace"):
-            cause["traces"].append(entry["trace"])
+        found = entry.get("causes") or [{
+            "rule": entry.get("rule_failed"), "check": entry.get("failure_check"), "trace": entry.get("trace"),
+            "kind": entry.get("failure_kind") or ("failed outside the property" if entry["outcome"] == "failed"
+                                                  else "known failure"), "message": message.split("\n")[0]}]
+        # a corpus trace is a cause of its own: its property keeps its parameters (the trace's name)
+        function = entry["property"] if entry.get("cause_per_instance") else re.sub(r"\[.*\]$", "", entry["property"])
+        for found_cause in found:
+            key = (function, found_cause.get("rule") or "", found_cause["kind"], found_cause.get("check") or "")
+            cause = groups.setdefault(key, {"property": function, "rule": found_cause.get("rule"),
+                                            "kind": found_cause["kind"], "check": found_cause.get("check"),
+                                            "failed": 0, "known": 0, "instances": [], "traces": [],
+                                            "example": found_cause.get("message") or message.split("\n")[0]})
+            cause["failed" if entry["outcome"] == "failed" else "known"] += 1
+            cause["instances"].append(entry["property"])
+            if found_cause.get("trace"):
+                cause["traces"].append(found_cause["trace"])
     return sorted(groups.values(), key=lambda c: (-c["failed"], c["property"], c["rule"] or "", c["kind"],
                                                   c["check"] or ""))
 

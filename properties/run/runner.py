@@ -9,6 +9,7 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,15 @@ from . import known_failures, selection
 from .databases import property_settings
 from .provenance import environment_facts, implementation_facts
 
+SHRINK_SECONDS = 30.0  # after the first failure of a run; the plugin sets --kv-shrink-seconds
+MAX_CAUSES = 4  # distinct causes a failing property is searched for (the plugin sets --kv-causes)
+CAUSE_SECONDS = 120.0  # searching for the causes after the first stops once this is spent
+
+
+class ShrinkingStopped(BaseException):
+    """The shrink budget ran out. A ``BaseException``, as ``AdapterHung`` is: it passes straight through
+    Hypothesis, which would otherwise take it for a failure of the run."""
+
 
 @dataclass
 class RunResult:
@@ -43,16 +53,19 @@ class RunResult:
     steps: int = 0  # rules in the shrunk failing program, set-up not counted
     trace: Path | None = None
     families: Counter[str] = field(default_factory=Counter)  # runs per layer family drawn (layer machines)
+    shrinking_stopped: bool = False  # the shrink budget ran out: the trace is the shortest failing run found
 
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
                 requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
                 settings: Settings | None = None, spec: str | None = None,
-                disabled_rules: frozenset[str] = frozenset()) -> RunResult:
+                disabled_rules: frozenset[str] = frozenset(), shrink_seconds: float | None = None) -> RunResult:
     """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
 
     ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
-    diverged cannot go on judging)."""
+    diverged cannot go on judging). Shrinking stops ``shrink_seconds`` after the first failure (default
+    ``SHRINK_SECONDS``), with the shortest failing run found as the verdict."""
+    shrink_seconds = SHRINK_SECONDS if shrink_seconds is None else shrink_seconds
     parameters = parameters or {}
     cls = MACHINES[machine]
     unknown = sorted(disabled_rules - {name for name, s in cls.specs().items() if s.kind == "rule"})
@@ -61,10 +74,21 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     result = RunResult()
     last: list[recording.TracedMachine] = []
     raised_before = NonConformance.raised
+    seen = [raised_before]  # NonConformance.raised when the last run began: a run that raised one failed
+    shortest: list[tuple[int, recording.TracedMachine, NonConformance]] = []  # the shortest failing run so far
+    failed_at: list[float] = []
 
     def build() -> recording.TracedMachine:
+        if last and NonConformance.raised > seen[0] and NonConformance.latest is not None:
+            steps = len(last[0].tape.steps)
+            if not shortest or steps <= shortest[0][0]:
+                shortest[:] = [(steps, last[0], NonConformance.latest)]
+        seen[0] = NonConformance.raised
         if result.first_failing is None and NonConformance.raised > raised_before:
             result.first_failing = result.runs
+            failed_at.append(time.monotonic())
+        if failed_at and time.monotonic() - failed_at[0] > shrink_seconds and shortest:
+            raise ShrinkingStopped  # through Hypothesis, as a hang does: the shortest failing run is the verdict
         result.runs += 1
         if last:
             _keep_worst(result, last[0])
@@ -86,6 +110,12 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         run_state_machine_as_test(build, settings=chosen)
     except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
         result.failure = NonConformance(f"{hung} -- the run stopped there, unshrunk", kind="hang")
+    except ShrinkingStopped:
+        steps, machine_run, failure = shortest[0]
+        last[:] = [machine_run]
+        failure.args = (f"{failure.args[0]}\n(shrinking stopped after {shrink_seconds:g} s, --kv-shrink-seconds: "
+                        f"this is the shortest failing run found, {steps} steps)", *failure.args[1:])
+        result.failure, result.shrinking_stopped = failure, True
     except Exception as error:  # returned to the caller, who re-raises it
         result.failure = error
     if last:
@@ -196,9 +226,53 @@ class PropertyRun:
             parameters = {**parameters, **({"left_out_families": sorted(known)} if known else {}),
                           **({"family_rules": sorted(narrowed)} if narrowed else {})}
         result = self._search(machine, self.node.nodeid, parameters, frozenset(left_out))
-        if result.failure is not None:
-            raise result.failure
+        causes = self._causes(machine, parameters, frozenset(left_out), result, hunt=MAX_CAUSES)
+        if causes:
+            raise causes[0][1]
         return result
+
+    def _causes(self, machine: str, parameters: dict[str, Any], left_out: frozenset[str], first: RunResult, *,
+                hunt: int = 1) -> list[tuple[dict[str, Any], BaseException]]:
+        """Every cause in one run: after a failure, search again with its rule left out (as ``--kv-xfails
+        PROPERTY :: RULE`` would), until ``hunt`` causes are found, the machine passes, or ``CAUSE_SECONDS``
+        are spent. Causes are told apart by the check that failed (the error kind a call was due, or what was
+        compared): the same check failing through another rule is the same cause, seen there too. Each cause
+        keeps its own shrunk trace; the first is the property's failure, the others are listed with it."""
+        found: dict[str, tuple[dict[str, Any], BaseException]] = {}
+        setup = recording.initializers_of(MACHINES[machine])
+        started, result = time.monotonic(), first
+        while result.failure is not None:
+            rule, check = failing_rule(result), check_of(result.failure)
+            key = check or kind_of(result.failure)
+            if key in found:
+                found[key][0]["also_in"].append(rule)
+            else:
+                found[key] = ({"rule": rule, "kind": kind_of(result.failure), "check": check,
+                               "trace": str(result.trace) if result.trace else None,
+                               "message": str(result.failure).split("\n")[0], "runs": result.runs,
+                               "shrinking_stopped": result.shrinking_stopped, "rules_left_out": sorted(left_out),
+                               "also_in": []}, result.failure)
+            if (not isinstance(result.failure, NonConformance) or rule is None or rule in setup
+                    or len(found) >= hunt or time.monotonic() - started > CAUSE_SECONDS):
+                break
+            left_out |= {rule}
+            result = self._search(machine, self.node.nodeid, parameters, left_out)
+        causes = list(found.values())
+        if causes:
+            first_cause, failure = causes[0]
+            self.record("failure_kind", first_cause["kind"])
+            self.record("failure_check", first_cause["check"])
+            if first_cause["rule"] is not None:
+                self.record("rule_failed", first_cause["rule"])
+            if first_cause["trace"] is not None:
+                self.record("trace", first_cause["trace"])
+            self.record("causes", [cause for cause, _ in causes])
+            if len(causes) > 1 and isinstance(failure, NonConformance) and failure.args:
+                others = "\n".join(f"  - {c['rule']}: {c['kind']} ({c['check']}): {c['message']}"
+                                   + (f" [{c['trace']}]" if c["trace"] else "") for c, _ in causes[1:])
+                failure.args = (f"{failure.args[0]}\n\n{len(causes) - 1} more cause(s), each found with the rules "
+                                f"before it left out:\n{others}", *failure.args[1:])
+        return causes
 
     def _search(self, machine: str, property_id: str, parameters: dict[str, Any], left_out: frozenset[str],
                 settings: Settings | None = None) -> RunResult:
@@ -211,14 +285,6 @@ class PropertyRun:
         self.record("worst_error", result.worst[0])
         self.record("tolerance", result.worst[1])
         self.record("rule", result.rule)
-        if result.trace is not None:
-            self.record("trace", str(result.trace))
-        if result.failure is not None:
-            self.record("failure_kind", kind_of(result.failure))
-            self.record("failure_check", check_of(result.failure))
-            failed_in = failing_rule(result)
-            if failed_in is not None:
-                self.record("rule_failed", failed_in)
         return result
 
     def _replay_saved(self, machine: str, former_id: str, parameters: dict[str, Any], left_out: frozenset[str]) -> None:
@@ -231,7 +297,7 @@ class PropertyRun:
                              requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
                              spec=self.spec, disabled_rules=left_out, settings=replaying)
         if isinstance(result.failure, NonConformance):  # (nothing saved: Hypothesis says it ran no test case)
-            self._search(machine, former_id, parameters, left_out, replaying)
+            self._causes(machine, parameters, left_out, result)  # (the saved example is the cause; not hunted)
             raise result.failure
 
     def _known_part(self, machine: str, suffix: str, parameters: dict[str, Any], entry: known_failures.Entry,

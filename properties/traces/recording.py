@@ -169,6 +169,7 @@ class RuleSpec:
     kind: str  # "rule", "initialize" or "invariant"
     requires: frozenset[str] = frozenset()  # capabilities without which the rule is never drawn
     when: Callable[[Any], bool] | None = None  # the state in which it may be drawn
+    arguments: frozenset[str] = frozenset()  # what Hypothesis hands it besides ``data`` (a trace records them)
 
 
 def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,7 +195,7 @@ def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = N
     needed = frozenset(str(getattr(c, "value", c)) for c in requires)
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        spec = RuleSpec(function.__name__, "rule", needed, when)
+        spec = RuleSpec(function.__name__, "rule", needed, when, frozenset(strategies) - {"data"})
         run = _recorded(function)
         setattr(run, _SPEC, spec)
         return stateful.precondition(lambda machine: machine.may_run(spec))(stateful.rule(**strategies)(run))
@@ -206,7 +207,7 @@ def initialize(**strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., 
     """A recorded set-up rule: runs once, first; not counted as a step of a program."""
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         run = _recorded(function)
-        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize"))
+        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize", arguments=frozenset(strategies) - {"data"}))
         return stateful.initialize(**strategies)(run)
 
     return decorate

@@ -80,6 +80,9 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
         if spec is None or spec.kind == "invariant":
             raise codec.TraceError(f"step {index}: {cls.__name__} has no rule {name!r}")
         arguments = {k: codec.decode(v) for k, v in step.get("arguments", {}).items()}
+        if set(arguments) != spec.arguments:
+            raise codec.TraceError(f"step {index}: {name} takes {sorted(spec.arguments) or 'no arguments'}, but the "
+                                   f"trace gives {sorted(arguments)} (the suite changed)")
         shown = f"step {index}: {name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
         try:
             missing = machine.missing(spec)
