@@ -73,7 +73,9 @@ def requirements_of(value: object) -> set[str]:
 
 
 def limits_problem(value: object, limits: LayerLimits) -> str | None:
-    """Why a drawn layer configuration lies outside ``limits`` (None: it does not, or is no layer)."""
+    """Why a drawn layer configuration or weights lie outside ``limits`` (None: they do not, or are neither)."""
+    if isinstance(value, AttentionWeights):
+        return limits.geometry_problem(value.model_width, value.heads, value.head_width)
     if not isinstance(value, LayerConfig):
         return None
     w = value.weights

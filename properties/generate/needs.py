@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol.declarations import LayerLimits
+from ..protocol.declarations import LAYER_METHODS, LayerLimits, drives_layer_caches
 from ..protocol.kinds import Capability, declared
 from .layers import layer_families
 
@@ -41,15 +41,16 @@ class Needs:
 
     capabilities: frozenset[str] = frozenset()
     alternatives: tuple[Alternatives, ...] = ()
+    layer_caches: bool = False  # the adapter must drive layer caches (have the layer-cache methods)
     families: tuple[tuple[str | None, bool | None], ...] | None = None  # (style, grouped); None: any
     why: dict[str, str] = field(default_factory=dict, compare=False)  # what an alternatives group stands for
 
     @classmethod
     def of(cls, *capabilities: Any, alternatives: Iterable[tuple[str, Alternatives]] = (),
-           families: tuple[tuple[str | None, bool | None], ...] | None = None) -> Needs:
+           families: tuple[tuple[str | None, bool | None], ...] | None = None, layer_caches: bool = False) -> Needs:
         named = list(alternatives)
         return cls(frozenset(str(getattr(c, "value", c)) for c in capabilities), tuple(a for _, a in named),
-                   families, {str(i): name for i, (name, _) in enumerate(named)})
+                   layer_caches or families is not None, families, {str(i): name for i, (name, _) in enumerate(named)})
 
     def problem(self, adapter: Any) -> str | None:
         """Why ``adapter`` is not offered what needs this (None: it is)."""
@@ -62,6 +63,9 @@ class Needs:
             if not any(alternative <= capabilities for alternative in group):
                 wanted = " or ".join(" + ".join(sorted(a)) for a in group)
                 return f"{name} declares no {self.why.get(str(index), 'alternative')} ({wanted})"
+        if self.layer_caches and not drives_layer_caches(adapter):
+            return (f"{name} drives no layer caches (it has none of {', '.join(LAYER_METHODS)}; a RoPE pairing it "
+                    "declares names its decoders' RoPE)")
         if self.families is not None:
             limits = LayerLimits.of(adapter)
             buildable = layer_families(capabilities, limits)

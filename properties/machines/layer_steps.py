@@ -331,22 +331,31 @@ class LayerSteps(ConformanceMachine):
 
     @functools.cached_property
     def geometry_changes(self) -> dict[str, tuple[int, int, int, int]]:
-        """Other (model width, heads, kv heads, head width) the implementation can build, by name (of the
-        layer drawn at set-up: computed once)."""
+        """Other (model width, heads, kv heads, head width) the implementation can build, by name: the nearest
+        geometry within its layer limits that differs in that one respect (computed once, for the layer drawn
+        at set-up). A RoPE layer's rotary width must still fit the head."""
         w, limits = self.config.weights, self.limits
         tied = limits.model_width_is_heads_times_head_width
-        grouped = w.kv_heads * (1 if self.has(Capability.GQA) else 2)
-        candidates = {
-            "model width": (w.model_width + 1, w.heads, w.kv_heads, w.head_width),
-            "head width": (w.heads * (w.head_width + 2) if tied else w.model_width, w.heads, w.kv_heads,
-                           w.head_width + 2),
-            "heads": (2 * w.heads * w.head_width if tied else w.model_width, 2 * w.heads, grouped, w.head_width),
-        }
-        return {name: (width, heads, kv, dh) for name, (width, heads, kv, dh) in candidates.items()
-                if not (tied and width != heads * dh)
-                and width <= (limits.max_model_width or width) and heads <= (limits.max_heads or heads)
-                and dh <= (limits.max_head_width or dh)
-                and (self.config.rope is None or self.config.rope.rotary_width <= dh)}
+        rotary = 0 if self.config.rope is None else self.config.rope.rotary_width
+
+        def admitted(width: int, heads: int, dh: int) -> bool:
+            return limits.geometry_problem(width, heads, dh) is None and rotary <= dh
+
+        changes: dict[str, tuple[int, int, int, int]] = {}
+        widths = [d for d in range(w.model_width + 1, w.model_width + 9) if not tied and admitted(d, w.heads,
+                                                                                                   w.head_width)]
+        if widths:
+            changes["model width"] = (widths[0], w.heads, w.kv_heads, w.head_width)
+        for dh in range(w.head_width + 2, 2 * w.head_width + 9, 2):
+            width = w.heads * dh if tied else w.model_width
+            if admitted(width, w.heads, dh):
+                changes["head width"] = (width, w.heads, w.kv_heads, dh)
+                break
+        heads = 2 * w.heads
+        width = heads * w.head_width if tied else w.model_width
+        if admitted(width, heads, w.head_width):
+            changes["heads"] = (width, heads, w.kv_heads * (1 if self.has(Capability.GQA) else 2), w.head_width)
+        return changes
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

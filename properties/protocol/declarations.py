@@ -36,15 +36,27 @@ METHODS_OF = {
 }
 
 
-def required_methods(capabilities: Any) -> list[str]:
-    """The methods an adapter declaring ``capabilities`` must have, in a stable order."""
+LAYER_METHODS = METHODS_OF["layer caches"]
+
+
+def drives_layer_caches(adapter: Any) -> bool:
+    """Whether an adapter drives layer caches: it declares a layer convention and has a layer-cache method. One
+    with none of those methods (a serving engine's pool, a decoder) may still declare a RoPE pairing: it then
+    names the pairing of its decoders' RoPE."""
+    return bool(declared(getattr(adapter, "capabilities", ())) & LAYER_CONVENTIONS) and any(
+        callable(getattr(adapter, method, None)) for method in LAYER_METHODS)
+
+
+def required_methods(capabilities: Any, *, layer_caches: bool | None = None) -> list[str]:
+    """The methods an adapter declaring ``capabilities`` must have, in a stable order; the layer-cache methods
+    if it declares a layer convention (``layer_caches``: whether it drives layer caches, if known)."""
     names = declared(capabilities)
+    layers = bool(names & LAYER_CONVENTIONS) if layer_caches is None else layer_caches
     wanted = ["error_kind"]
-    groups = (["layer caches"] if names & LAYER_CONVENTIONS else []) + sorted(names & set(METHODS_OF))
+    groups = (["layer caches"] if layers else []) + sorted(names & set(METHODS_OF) - {"layer caches"})
     for group in groups:
         wanted += [method for method in METHODS_OF[group] if method not in wanted]
     return wanted
-
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 - ``ci``: derandomised, so it never flakes, and without deadlines.
 - ``compat``: ``ci`` with 30 examples a property, for tox's other Pythons (the
   verdicts of record are 3.11's, with ``ci``).
+- ``quick``: ``ci`` with 10 examples: a smoke run, and the declaration lattice.
 - ``thorough``: many examples and long programs, for a nightly or a release.
 - ``replay``: only the saved examples, nothing drawn at random: the ``ci``
   profile's companion pass over a shared database (``--kv-db``), since
@@ -41,6 +42,9 @@ PROFILES: dict[str, dict[str, object]] = {
     # ci with fewer examples: tox's other Pythons, which check that the suite runs and agrees there
     "compat": {"max_examples": 30, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
                "phases": _VERDICT},
+    # ci with ten examples: a smoke run, and every variant of the declaration lattice (tests/test_lattice.py)
+    "quick": {"max_examples": 10, "stateful_step_count": 30, "derandomize": True, "print_blob": True,
+              "phases": _VERDICT},
     "thorough": {"max_examples": 1000, "stateful_step_count": 80, "phases": _SEARCH},
     "replay": {"max_examples": 100, "stateful_step_count": 30, "phases": _REPLAY},
 }

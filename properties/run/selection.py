@@ -19,6 +19,7 @@ from ..protocol.declarations import (
     declaration_problems,
     declared_precision,
     declared_storage,
+    drives_layer_caches,
     required_methods,
 )
 from ..protocol.kinds import Capability
@@ -67,7 +68,8 @@ def load_adapter(spec: str) -> KvCacheAdapter:
     if unknown:
         raise AdapterLoadError(f"{where}: unknown capabilities {sorted(unknown)}; "
                                f"known: {sorted(c.value for c in Capability)}")
-    missing = [name for name in required_methods(adapter.capabilities) if not callable(getattr(adapter, name, None))]
+    missing = [name for name in required_methods(adapter.capabilities, layer_caches=drives_layer_caches(adapter))
+               if not callable(getattr(adapter, name, None))]
     if missing:
         raise AdapterLoadError(f"{where}: the adapter lacks {', '.join(missing)}, which what it declares needs "
                                "(see docs/adapters.md)")

@@ -1,0 +1,258 @@
+"""The declaration lattice: the reference, wrapped to claim less or to choose differently, each declared honestly.
+
+Every variant must conform -- the whole suite, properties and corpus, passing with only skips -- because the
+suite judges only what the spec requires and the adapter declares (``tests/test_lattice.py``). Each twin makes
+one design choice but declares another, and must fail, so that the lattice is not vacuous.
+
+A variant is named by ``KVCACHE_LATTICE=<name>`` and loaded with ``--kv-impl tests.lattice:from_environment``
+(or built with ``variant(name)``). It offers only the methods of what it declares: a suite that called
+another would fail it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
+from impl.cache import LayerKvCache
+from impl.conformance import ReferenceAdapter
+from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
+from kvcache_conformance.protocol.kinds import declared
+
+REFERENCE = declared(ReferenceAdapter.capabilities) - {"input_validation"}  # the shorthand spelled out
+EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) | {"paged_truncate"}
+DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_interleaved", "rope_half_split"}
+# Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
+DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
+           "reset_keeps_buffers": {"reset_keeps_bytes"}}
+
+
+class Declared:
+    """``inner`` as an adapter declaring ``capabilities`` (and ``attributes``), offering only the methods they
+    call for; every call goes to ``inner``."""
+
+    def __init__(self, name: str, capabilities: set[str] | frozenset[str], inner: Any = None,
+                 layer_caches: bool | None = None, **attributes: Any) -> None:
+        self.name, self.version = f"lattice-{name}", "1"
+        self.capabilities = frozenset(capabilities)
+        self._inner = inner if inner is not None else ReferenceAdapter()
+        methods = set(required_methods(self.capabilities, layer_caches=layer_caches))
+        if attributes.get("paged_policy", {}).get("truncate", True) and "paged_prefix_sharing" in self.capabilities:
+            methods.add("paged_truncate")
+        self._methods = frozenset(methods)
+        for key, value in attributes.items():
+            setattr(self, key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in EVERY_METHOD and name not in self._methods:
+            raise AttributeError(f"{self.name} has no {name}: it does not declare what needs it")
+        return getattr(self._inner, name)
+
+
+def _claims_only(error: BaseException) -> str | None:
+    """An adapter that maps only what it still claims: a pool's ``full`` (claimed by ``paged_prefix_sharing``)
+    and a window's ``evicted`` (by ``truncate``); every validation error unmapped."""
+    kind = ReferenceAdapter().error_kind(error)
+    return kind if kind in ("full", "evicted") else None
+
+
+def _without(capability: str) -> Declared:
+    removed = {capability} | DEPENDS.get(capability, set())
+    return Declared(f"without-{capability}", REFERENCE - removed)
+
+
+# -- behaviours the reference does not have, each the design of some real cache --------------------------------
+
+class ZeroingReset(ReferenceAdapter):
+    """Reset zeroes both buffers (transformers' StaticCache)."""
+
+    def reset(self, cache: LayerKvCache) -> None:
+        cache.reset(zero_storage=True)
+
+
+class Handle:
+    """An adapter's handle on a library cache it may replace."""
+
+    def __init__(self, cache: LayerKvCache, layer: Any, window: int | None) -> None:
+        self.cache, self.layer, self.window = cache, layer, window
+
+
+class ResetByReplacement(ReferenceAdapter):
+    """A library with no reset: the adapter's cache handle holds the library's cache, and reset puts a new, empty
+    one in. It keeps the old one's binding (docs/spec.md §6.1: a stale cache stays stale) -- here a copy emptied;
+    a library cache bound at creation would need the handle to remember the layer's versions. Buffers are
+    replaced, so it claims nothing of what reset does to them."""
+
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Handle:
+        return Handle(super().create_cache(layer, batch_size, capacity, window), layer, window)
+
+    def reset(self, handle: Handle) -> None:
+        handle.cache = handle.cache.fork()  # new buffers, the same binding
+        handle.cache.truncate(0)
+
+    def step(self, layer: Any, handle: Handle, x: Any) -> Any:
+        return super().step(layer, handle.cache, x)
+
+    def append(self, layer: Any, handle: Handle, x: Any) -> Any:
+        return super().append(layer, handle.cache, x)
+
+    def truncate(self, handle: Handle, n: Any) -> None:
+        super().truncate(handle.cache, n)
+
+    def reorder(self, handle: Handle, indices: Any) -> None:
+        super().reorder(handle.cache, indices)
+
+    def fork(self, handle: Handle) -> Handle:
+        return Handle(handle.cache.fork(), handle.layer, handle.window)
+
+    def snapshot(self, handle: Handle) -> Any:
+        return super().snapshot(handle.cache)
+
+
+class NoFixedCapacity(ResetByReplacement):
+    """No fixed capacity either: a cache takes rows past the capacity asked for (as far as its RoPE positions
+    go), which it does not claim to refuse; and it has no physical buffers of that capacity to show."""
+
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Handle:
+        room = max(capacity, min(layer.rope.max_positions, 4 * capacity))
+        return Handle(LayerKvCache(layer, batch_size, room, window), layer, window)
+
+
+class TiedGeometry(ReferenceAdapter):
+    """Refuses layers whose model width is not heads x head width, or of more than two heads."""
+
+    def create_layer(self, weights: Any, rope: Any) -> Any:
+        if weights.model_width != weights.heads * weights.head_width or weights.heads > 2:
+            raise ValueError(f"model width {weights.model_width} != {weights.heads} x {weights.head_width}")
+        return super().create_layer(weights, rope)
+
+
+class WideHeads(ReferenceAdapter):
+    """Refuses head widths below 4, not a multiple of 4, or a model width not divisible by the heads."""
+
+    def create_layer(self, weights: Any, rope: Any) -> Any:
+        if weights.head_width < 4 or weights.head_width % 4 or weights.model_width % weights.heads:
+            raise ValueError(f"head width {weights.head_width}, model width {weights.model_width}")
+        return super().create_layer(weights, rope)
+
+
+class SmallOnly(ReferenceAdapter):
+    """Refuses a layer of more than one head or a model width above 3, a rotary width above 2, a cache of batch
+    above 1, capacity above 5 or a window below 2."""
+
+    def create_layer(self, weights: Any, rope: Any) -> Any:
+        if weights.heads > 1 or weights.model_width > 3 or (rope is not None and rope.rotary_width > 2):
+            raise ValueError("too big for this cache")
+        return super().create_layer(weights, rope)
+
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Any:
+        if batch_size > 1 or capacity > 5 or (window is not None and window < 2):
+            raise ValueError("too big for this cache")
+        return super().create_cache(layer, batch_size, capacity, window)
+
+
+class NoTruncation(ReferenceAdapter):
+    """A pool without truncation."""
+
+    def paged_truncate(self, pool: Any, sequence: Any, length: Any) -> None:
+        raise NotImplementedError("this pool cannot truncate a sequence")
+
+
+def _paged(policy: dict[str, Any]) -> Any:
+    """The reference's pool under another declared policy (it implements every one)."""
+    class Policy(ReferenceAdapter):
+        paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, **policy}
+    return Policy()
+
+
+POLICIES = {
+    "hash-scope-only": {"hash_keys": ["scope"]}, "hash-signature-only": {"hash_keys": ["signature"]},
+    "hash-nothing": {"hash_keys": []}, "evict-all-at-once": {"eviction": "all_at_once"},
+    "hit-before-last-full-block": {"hit_limit": "before_last_full_block"}, "no-truncate": {"truncate": False},
+}
+LAYER_ONLY = {c for c in REFERENCE if c not in {"decode_session", "prefix_store", "paged_prefix_sharing",
+                                                 "sliding_window", "positions_sinusoidal", "positions_rope"}}
+
+VARIANTS: dict[str, Callable[[], Any]] = {
+    **{f"without-{c}": (lambda c=c: _without(c)) for c in sorted(REFERENCE)},
+    "paged-only": lambda: Declared("paged-only", DECODER | {"paged_prefix_sharing", "validates_tokens",
+                                                             "validates_length", "binding_checks"}),
+    "session-only": lambda: Declared("session-only", DECODER | {"decode_session", "sliding_window",
+                                                                 "validates_tokens", "binding_checks",
+                                                                 "fixed_capacity"}),
+    "store-only": lambda: Declared("store-only", DECODER | {"prefix_store", "sliding_window", "validates_tokens"}),
+    "nothing-validated": lambda: Declared("nothing-validated", {
+        c for c in REFERENCE if not c.startswith("validates_") and c not in {
+            "non_finite_rejection", "binding_checks", "fixed_capacity", "creation_errors"}},
+        error_kind=_claims_only),
+    "reset-zeroes": lambda: Declared("reset-zeroes", (REFERENCE - {"reset_keeps_bytes"}) | {
+        "reset_keeps_buffers", "reset_zeroes"}, ZeroingReset()),
+    "reset-keeps-buffers": lambda: Declared("reset-keeps-buffers", (REFERENCE - {"reset_keeps_bytes"}), ZeroingReset()),
+    "reset-by-replacement": lambda: Declared("reset-by-replacement", LAYER_ONLY - {
+        "reset_keeps_bytes", "reset_keeps_buffers"}, ResetByReplacement()),
+    "no-reset-no-fixed-capacity": lambda: Declared("no-reset-no-fixed-capacity", LAYER_ONLY - {
+        "fixed_capacity", "physical_storage", "reset_keeps_bytes", "reset_keeps_buffers", "creation_errors"},
+        NoFixedCapacity()),
+    **{f"policy-{name}": (lambda name=name, policy=policy: Declared(
+        f"policy-{name}", REFERENCE, _paged(policy), paged_policy={**ReferenceAdapter.paged_policy, **policy}))
+       for name, policy in POLICIES.items()},
+    "limits-tied-two-heads": lambda: Declared("limits-tied-two-heads", REFERENCE, TiedGeometry(), layer_limits={
+        "model_width_is_heads_times_head_width": True, "max_heads": 2}),
+    "limits-wide-heads": lambda: Declared("limits-wide-heads", REFERENCE, WideHeads(), layer_limits={
+        "min_head_width": 4, "head_width_multiple": 4, "model_width_divisible_by_heads": True}),
+    "limits-small": lambda: Declared("limits-small", REFERENCE, SmallOnly(), layer_limits={
+        "max_heads": 1, "max_batch": 1, "max_capacity": 5, "max_model_width": 3, "max_rotary_width": 2,
+        "min_window": 2}),
+    "mixed-rope-float32": lambda: Declared("mixed-rope-float32", {"rope_interleaved"}, make_float32_rope_adapter(),
+                                           mixed_precision={"rope": "float32"}),
+    "mixed-softmax-float32": lambda: Declared("mixed-softmax-float32", {"rope_interleaved"},
+                                              make_float32_softmax_adapter(), mixed_precision={"softmax": "float32"}),
+}
+
+
+# Each twin makes a design choice of a variant above, but declares the reference's: the machine named must fail
+# it, with a failure kind starting so -- the lattice's properties are not vacuous.
+TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
+    "reset-zeroes-claims-keeps-bytes": (lambda: Declared("twin-reset-zeroes", REFERENCE, ZeroingReset()),
+                                        "layer_cache", {}, "reset changed the storage"),
+    "reset-by-replacement-claims-keeps-buffers": (
+        lambda: Declared("twin-reset-by-replacement", LAYER_ONLY, ResetByReplacement()), "layer_cache", {},
+        "reset"),
+    "no-fixed-capacity-claims-fixed-capacity": (
+        lambda: Declared("twin-no-fixed-capacity", LAYER_ONLY - {"physical_storage", "reset_keeps_bytes",
+                                                                 "reset_keeps_buffers", "creation_errors"},
+                         NoFixedCapacity()), "layer_cache", {}, "expected full"),
+    "nothing-validated-claims-validation": (
+        lambda: Declared("twin-nothing-validated", REFERENCE, error_kind=_claims_only), "layer_cache", {},
+        "unexpected exception"),
+    **{f"policy-{name}-undeclared": (lambda name=name, policy=policy: Declared(
+        f"twin-policy-{name}", REFERENCE, _paged(policy), paged_policy=ReferenceAdapter.paged_policy), "paged", {},
+        "") for name, policy in POLICIES.items() if name != "no-truncate"},
+    "policy-no-truncate-claims-truncate": (lambda: Declared("twin-no-truncate", REFERENCE, NoTruncation()), "paged",
+                                           {}, "unexpected exception"),
+    "limits-tied-two-heads-undeclared": (lambda: Declared("twin-tied", REFERENCE, TiedGeometry()), "layer_cache", {},
+                                         "unexpected exception"),
+    "limits-wide-heads-undeclared": (lambda: Declared("twin-wide-heads", REFERENCE, WideHeads()), "layer_cache", {},
+                                     "unexpected exception"),
+    "limits-small-undeclared": (lambda: Declared("twin-small", REFERENCE, SmallOnly()), "layer_cache", {},
+                                "unexpected exception"),
+    "mixed-rope-float32-undeclared": (
+        lambda: Declared("twin-rope-float32", {"float64", "rope_interleaved"}, make_float32_rope_adapter(),
+                         mixed_precision={}), "layer_cache", {}, ""),
+    "mixed-softmax-float32-undeclared": (
+        lambda: Declared("twin-softmax-float32", {"float64", "rope_interleaved"}, make_float32_softmax_adapter(),
+                         mixed_precision={}), "layer_cache", {}, ""),
+}
+
+
+def variant(name: str) -> Any:
+    if name not in VARIANTS:
+        raise KeyError(f"no lattice variant {name!r}; the variants: {', '.join(sorted(VARIANTS))}")
+    return VARIANTS[name]()
+
+
+def from_environment() -> Any:
+    """The variant named by ``KVCACHE_LATTICE`` (``--kv-impl tests.lattice:from_environment``)."""
+    return variant(os.environ["KVCACHE_LATTICE"])

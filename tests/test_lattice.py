@@ -1,0 +1,51 @@
+"""The declaration lattice (tests/lattice.py): every variant of the reference that claims less or chooses
+differently, declared honestly, conforms -- the whole suite, properties and corpus, with only skips; every twin
+that declares a choice it did not make fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
+from tests.lattice import TWINS, VARIANTS
+
+pytestmark = pytest.mark.slow  # a subprocess run of the whole suite per variant
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_an_honest_variant_conforms_to_the_whole_suite(name: str, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    process = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "properties",
+         "--kv-impl=tests.lattice:from_environment", "--hypothesis-profile=quick", f"--kv-report={report}",
+         f"--kv-traces={tmp_path / 'traces'}"],
+        cwd=ROOT, env={**os.environ, "KVCACHE_LATTICE": name}, capture_output=True, text=True, timeout=900)
+    document = json.loads(report.read_text())
+    summary = document["summary"]
+    assert document["complete"] and not document["collection_errors"], process.stdout[-3000:]
+    failed = [(e["property"], e["reason"]) for e in document["properties"] if e["outcome"] not in (
+        "passed", "skipped")]
+    assert not failed and summary["passed"] > 0, failed
+    for entry in document["properties"]:  # a skip names what is missing, never a crash
+        if entry["outcome"] == "skipped":
+            assert entry["reason"] and "Error" not in entry["reason"], entry
+
+
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_the_wrongly_declared_twin_fails(name: str) -> None:
+    factory, machine, parameters, kind = TWINS[name]
+    adapter = factory()
+    result = run_machine(machine, adapter, property_id=f"twin-{name}", parameters=parameters,
+                         settings=profiles.settings_for("ci", database=None, report_multiple_bugs=False))
+    assert isinstance(result.failure, NonConformance), result.failure
+    assert result.failure.kind.startswith(kind), result.failure
