@@ -103,6 +103,9 @@ def test_zero_batch_and_zero_capacity_are_rejected(adapter: KvCacheAdapter, conf
 def test_capacity_is_bounded_by_rope_positions(rope_adapter: KvCacheAdapter, config: s.LayerConfig,
                                                extra: int) -> None:
     adapter = rope_adapter
+    if LayerLimits.of(adapter).max_capacity is not None:
+        pytest.skip(f"layer_limits bound the capacity ({LayerLimits.of(adapter).described()}): a capacity above "
+                    "the RoPE positions is outside them")
     assert config.rope is not None
     layer = _layer(adapter, config)
     limit = config.rope.max_positions
@@ -116,13 +119,29 @@ def test_capacity_is_bounded_by_rope_positions(rope_adapter: KvCacheAdapter, con
                                  kind="a new cache is not empty", check="length")
 
 
+def _sized(adapter: KvCacheAdapter, config: s.LayerConfig, capacity: int, bytes_wanted: int) -> tuple[int, int]:
+    """(batch, capacity) of at least ``bytes_wanted`` bytes of storage within the declared limits: a large batch
+    (a large capacity where only the batch is limited); the property is skipped where both are."""
+    limits = LayerLimits.of(adapter)
+    per_row = config.weights.kv_heads * config.weights.head_width * 8  # bytes
+    if limits.max_batch is not None and limits.max_capacity is not None:
+        pytest.skip(f"layer_limits bound both the batch and the capacity ({limits.described()}): no cache that "
+                    "large is within them")
+    if limits.max_capacity is not None:
+        capacity = min(capacity, limits.max_capacity)
+        return -(-bytes_wanted // (per_row * capacity)), capacity
+    if limits.max_batch is not None:
+        return 1, -(-bytes_wanted // per_row)
+    return -(-bytes_wanted // (per_row * capacity)), capacity
+
+
 @given(config=configs(), capacity_bits=st.integers(31, 48), surplus=st.integers(0, 1000))
 def test_element_count_overflow_is_rejected(adapter: KvCacheAdapter, config: s.LayerConfig,
                                             capacity_bits: int, surplus: int) -> None:
     """More bytes than an array can index: ELEMENT_COUNT_OVERFLOW, never a raw numpy error."""
-    capacity = 1 << capacity_bits
+    batch, capacity = _sized(adapter, config, 1 << capacity_bits, MAX_INDEXABLE_BYTES + 1)
     per_batch = config.weights.kv_heads * capacity * config.weights.head_width * 8  # bytes
-    batch = MAX_INDEXABLE_BYTES // per_batch + 1 + surplus
+    batch += surplus if LayerLimits.of(adapter).max_batch is None else 0
     layer = _layer(adapter, config, max_positions=1 << 62)
     expect_rejection(_create(adapter, layer, batch, capacity), ErrorKind.ELEMENT_COUNT_OVERFLOW,
                      f"{batch * per_batch} bytes of storage")
@@ -132,9 +151,8 @@ def test_element_count_overflow_is_rejected(adapter: KvCacheAdapter, config: s.L
 def test_allocation_failure_is_a_typed_error(adapter: KvCacheAdapter, config: s.LayerConfig,
                                              capacity_bits: int) -> None:
     """Indexable but unmappable storage: ALLOCATION_FAILED, never a raw MemoryError."""
-    capacity = 1 << capacity_bits
+    batch, capacity = _sized(adapter, config, 1 << capacity_bits, UNMAPPABLE_BYTES)
     per_batch = config.weights.kv_heads * capacity * config.weights.head_width * 8
-    batch = -(-UNMAPPABLE_BYTES // per_batch)
     assert batch * per_batch <= MAX_INDEXABLE_BYTES
     layer = _layer(adapter, config, max_positions=1 << 62)
     expect_rejection(_create(adapter, layer, batch, capacity), ErrorKind.ALLOCATION_FAILED,

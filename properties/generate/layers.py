@@ -150,6 +150,7 @@ def head_widths(limits: LayerLimits = NO_LIMITS) -> list[int]:
     return widths
 
 
+@cache  # (declarations are frozen: asked every time a machine is built and a layer drawn)
 def geometries(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS, *, grouped: bool | None = None,
                rope: bool = True) -> list[tuple[int, int, int, tuple[int, ...]]]:
     """Every (heads, kv heads, head width, model widths) the adapter can build, simplest first: within its
@@ -178,6 +179,7 @@ def geometries(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS, *,
     return found
 
 
+@cache
 def layer_families(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS) -> list[tuple[str, bool]]:
     """The (position convention, grouped) families the adapter can build at least one layer of."""
     return [(style, grouped) for style, grouped in FAMILIES if style in position_styles(capabilities)

@@ -20,13 +20,11 @@ class NonConformance(AssertionError):
     """The implementation under test did not do what the specification requires."""
 
     raised = 0  # how many were ever made in this process (the runner tells failing runs apart with it)
-    latest: NonConformance | None = None  # the one made last (the failure of the run that just failed)
 
     def __init__(self, message: str, *, kind: str, check: str | None = None) -> None:
         if not kind:
             raise TypeError("a NonConformance needs its kind: the report groups causes by it")
         type(self).raised += 1
-        NonConformance.latest = self
         super().__init__(message)
         self.kind, self.check = kind, check
 

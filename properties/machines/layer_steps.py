@@ -346,8 +346,11 @@ class LayerSteps(ConformanceMachine):
                                                                                                    w.head_width)]
         if widths:
             changes["model width"] = (widths[0], w.heads, w.kv_heads, w.head_width)
+        full_rotary = self.config.rope is not None and rotary == w.head_width  # the other layer's: all of dh
         for dh in range(w.head_width + 2, 2 * w.head_width + 9, 2):
             width = w.heads * dh if tied else w.model_width
+            if full_rotary and limits.max_rotary_width is not None and dh > limits.max_rotary_width:
+                break  # its rotary width would be above the limit
             if admitted(width, w.heads, dh):
                 changes["head width"] = (width, w.heads, w.kv_heads, dh)
                 break

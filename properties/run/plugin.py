@@ -31,6 +31,7 @@ from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
 
 DATABASE_ROOT = ROOT / ".hypothesis" / "implementations"
+FAST_SHRINK_SECONDS = 5.0  # under -x: the first failure fast, shrunk as far as five seconds go
 REGRESSIONS = ROOT / "tests" / "regressions"
 
 profiles.register()
@@ -55,9 +56,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"after a property fails, search it again with the failing rule left out, up to N distinct "
                          f"causes in all (default {runner.MAX_CAUSES}; 1 under -x / --maxfail: the first failure "
                          "fast)")
-    group.addoption("--kv-shrink-seconds", type=float, default=runner.SHRINK_SECONDS, metavar="SECONDS",
-                    help="stop shrinking a failure after this long; its trace is then the shortest failing run "
-                         "found, and says so (default: %(default)s)")
+    group.addoption("--kv-shrink-seconds", type=float, default=None, metavar="SECONDS",
+                    help=f"stop shrinking a failure after this long; its trace is then the shortest failing run "
+                         f"found, and says so (default {runner.SHRINK_SECONDS:g}; {FAST_SHRINK_SECONDS:g} under -x / "
+                         "--maxfail)")
     group.addoption("--kv-report", default=None, metavar="PATH",
                     help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
     group.addoption(known_failures.OPTION, default=None, metavar="FILE",
@@ -84,7 +86,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if causes is not None and causes < 1:
         raise pytest.UsageError("--kv-causes must be 1 or more")
     runner.MAX_CAUSES = causes if causes is not None else 1 if config.getoption("maxfail", 0) else runner.MAX_CAUSES
-    runner.SHRINK_SECONDS = config.getoption("--kv-shrink-seconds")
+    shrink = config.getoption("--kv-shrink-seconds")
+    runner.SHRINK_SECONDS = shrink if shrink is not None else FAST_SHRINK_SECONDS if config.getoption(
+        "maxfail", 0) else runner.SHRINK_SECONDS
     xfails = config.getoption(known_failures.OPTION)
     if xfails:
         specs = [(name, spec.kind) for machine in MACHINES.values() for name, spec in machine.specs().items()]
