@@ -241,6 +241,22 @@ MUTANTS = (
              "            cache.commit(row, row)\n"),),
            "declares no validation at all, and on a wrong batch writes a row before raising",
            undeclared=("input_validation",)),
+    Mutant("single_row_broadcast_then_raise", "attention.py",
+           (("        if x.shape[0] != cache.batch_size:\n",
+             "        if x.shape[0] != cache.batch_size:\n"
+             "            if x.shape[0] == 1 and x.shape[1:] == (1, self.model_width):  # broadcast into every row\n"
+             "                rows = self.prepare(np.repeat(x, cache.batch_size, axis=0), cache)\n"
+             "                cache.commit(rows.keys, rows.values)\n"),),
+           "declares no validation, and writes a batch-1 row into every row of a larger batch before raising",
+           undeclared=("input_validation",)),
+    Mutant("larger_batch_first_rows_then_raise", "attention.py",
+           (("        if x.shape[0] != cache.batch_size:\n",
+             "        if x.shape[0] != cache.batch_size:\n"
+             "            if x.shape[0] > cache.batch_size and x.shape[1:] == (1, self.model_width):\n"
+             "                rows = self.prepare(np.ascontiguousarray(x[:cache.batch_size]), cache)\n"
+             "                cache.commit(rows.keys, rows.values)\n"),),
+           "declares no validation, and writes the first rows of a larger batch before raising",
+           undeclared=("input_validation",)),
     Mutant("read_only_input_rejected", "attention.py",
            (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:",
              "if not isinstance(x, np.ndarray) or x.dtype != np.float64 or not x.flags.writeable:"),),
@@ -303,6 +319,11 @@ MUTANTS = (
     Mutant("storage_float16_rounded_as_bfloat16", "storage.py",
            (('"float16": np.float16,', '"float16": ml_dtypes.bfloat16,'),),
            "declares float16 storage, but rounds to bfloat16 (3 bits fewer)", factory="make_float16_adapter"),
+    Mutant("storage_zero_calibration_scale_tiny", "storage.py",
+           (("        return np.where(amax > 0, amax / self.largest, 1.0)",
+             "        return np.maximum(amax / self.largest, np.finfo(np.float32).tiny)"),),
+           "a frozen scale calibrated on an all-zero update is float32's smallest normal: later rows read back 0",
+           factory="make_fp8_adapter"),
     # -- paged caches (#10) --
     Mutant("paged_hash_without_parent", "paged_cache.py",
            (("            digest = hashlib.sha256(parent)\n", "            digest = hashlib.sha256()\n"),),
@@ -339,6 +360,11 @@ MUTANTS = (
            (("        full = len(held.tokens) // self.block_size\n        needed = len(held.table) - full\n",
              "        full = len(held.table)\n        needed = 0\n"),),
            "a fork shares the parent's partial block, which both then write into", "paged"),
+    Mutant("paged_copy_on_write_without_rows", "paged_cache.py",
+           (("        copy = self._copy_of(block)\n        self._release_all([block])\n",
+             "        (copy,) = self._take(1)  # a fresh block: its rows are whatever it held\n"
+             "        self._release_all([block])\n"),),
+           "copy-on-write takes a fresh block without copying the shared block's rows into it", "paged"),
     Mutant("paged_lru_evicts_everything", "paged_cache.py",
            (('victims = list(self._cached) if self.eviction == "all_at_once" else',
              "victims = list(self._cached) if True else"),),

@@ -27,13 +27,15 @@ PROPERTY = "properties/test_layer_cache.py::test_layer_cache_conforms"
 
 
 class OffOnInterleavedMha(ReferenceAdapter):
-    """Off by 1e-6 in the interleaved MHA family only."""
+    """Off by 1e-6 in the interleaved MHA family only (the reference builds a positionless layer as RoPE of rotary
+    width 0)."""
 
     name = "test-former-ids-off-on-interleaved-mha"
 
     def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
         output = super().step(layer, cache, x)
-        return output + 1e-6 if layer.rope.style == "interleaved" and layer.heads == layer.kv_heads else output
+        interleaved = layer.rope.style == "interleaved" and layer.rope.rotary_width > 0
+        return output + 1e-6 if interleaved and layer.heads == layer.kv_heads else output
 
 
 class Fixed(ReferenceAdapter):

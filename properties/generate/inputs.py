@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ..protocol.kinds import ErrorKind
-from .layers import INPUT_BOUND, MAX_BATCH, MAX_MODEL_WIDTH
+from .layers import INPUT_BOUND, MAX_MODEL_WIDTH
 from .layouts import ORDERS
 
 FORMS = ("uniform", "sparse", "grid")  # of valid input values; the first is what a shrunk row has
@@ -81,6 +81,13 @@ class MalformedRow:
         return ErrorKind(self.problems[0])
 
 
+def other_batches(batch_size: int) -> list[int]:
+    """Batch sizes other than the cache's: a single row first (into a batch of 2 or more, a broadcasting write
+    takes it), then larger ones, then 0, then the rest."""
+    first = [1] if batch_size > 1 else []
+    return first + [b for b in (batch_size + 1, batch_size + 2, 0, *range(2, batch_size)) if b not in first]
+
+
 @st.composite
 def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunked: bool = False) -> MalformedRow:
     """A step's input with one or several of: not a float64 ndarray, not 3-D, not one token, another batch
@@ -93,7 +100,7 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunke
                      label="shape")
     else:
         batch = batch_size if ErrorKind.BATCH_MISMATCH not in kinds else draw(
-            st.sampled_from([b for b in range(MAX_BATCH + 2) if b != batch_size]), label="batch")
+            st.sampled_from(other_batches(batch_size)), label="batch")
         if chunked:
             tokens = 0 if ErrorKind.TOKEN_COUNT in kinds else draw(st.integers(1, 3), label="tokens")
         else:

@@ -19,7 +19,15 @@ import numpy as np
 from ..generate.layers import LayerConfig
 from ..generate.layouts import layout_of, with_layout
 from ..judge.tolerance import Judge, Reference
-from ..oracle import AttentionTrace, AttentionWeights, NumberSystem, RopeConfig, full_prefix_attention
+from ..oracle import (
+    FLOAT64,
+    AttentionTrace,
+    AttentionWeights,
+    NumberSystem,
+    RopeConfig,
+    full_prefix_attention,
+    rope_rotate,
+)
 from ..protocol.kinds import ErrorKind
 
 
@@ -129,6 +137,22 @@ class LayerOracle:
         calibration = self._calibration(model, rope or self.config.oracle_rope)
         rows = getattr(reference.truth, name)
         return self.judge.storage.steps(rows, None if calibration is None else calibration[name == "values"])
+
+    def stored_score_overflows(self, model: CacheModel, head: int, row: np.ndarray) -> bool:
+        """Whether head ``head``'s score of ``row`` with its own key overflows when the key is what a frozen scale
+        stores of it (saturated past the range) -- the key a quantized cache attends over; the query is computed,
+        not stored."""
+        weights, rope, storage = model.weights, self.config.oracle_rope, self.judge.storage
+        calibration = self._calibration(model, rope)
+        assert storage is not None and calibration is not None
+        position, dh = len(model.rows), weights.head_width
+        x = np.zeros((1, position + 1, row.shape[-1]))
+        x[0, -1] = row
+        key = storage.stored(full_prefix_attention(x, weights, rope).keys[:, :, -1:], calibration[0])
+        with np.errstate(over="ignore", invalid="ignore"):
+            query = rope_rotate(list(row @ weights.wq[:, head * dh:(head + 1) * dh]), position, rope, FLOAT64)
+            score = float(np.dot(query, key[0, head // weights.group_size, 0]) / np.sqrt(dh))
+        return not np.isfinite(score)
 
     def within_frozen_scale(self, model: CacheModel, x: np.ndarray) -> np.ndarray:
         """A declared frozen scale is a limit: valid rows after the first update are drawn within its range

@@ -213,6 +213,19 @@ class LayerSteps(ConformanceMachine):
         self._append_and_check(x, f"append a peaked row (feature {feature} = {sign * scale:.6g})")
         self.model.peaked = True
 
+    @rule(data=st.data(), when=lambda self: self.frozen_scale and self.model.calibration is None
+          and not self.model.stale and len(self.model.rows) + 2 <= self.config.capacity)
+    def append_zero_first_row_then_a_row(self, data: Draws) -> None:
+        """A frozen scale calibrated on an all-zero first update: where every value it is computed from is 0 the
+        scale is 1 (docs/spec.md §13.6), and a later row must not read back as 0."""
+        self._append_and_check(np.zeros(self._row_shape), "append an all-zero first row (a frozen scale's calibration)")
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        self._append_and_check(x, "append a row after an all-zero calibration")
+
+    @property
+    def frozen_scale(self) -> bool:
+        return self.judge.storage is not None and self.judge.storage.update == "frozen"
+
     # -- rejected rows -------------------------------------------------------------------------------------
 
     @rule(data=st.data())
@@ -244,11 +257,11 @@ class LayerSteps(ConformanceMachine):
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._due(non_finite=True), f"append a row overflowing only {name} feature {column}")
 
-    @rule(data=st.data(), when=lambda self: self.facts["score overflows"])
+    @rule(data=st.data(), when=lambda self: self.score_overflows)
     def append_row_overflowing_a_score(self, data: Draws) -> None:
         """Finite q, k and v, but the score with the row's own key overflows -- to -inf too, which softmax
         weighs 0 beside finite scores, leaving a finite output: only a check of the scores rejects it."""
-        head, sign, row = data.draw(st.sampled_from(self.facts["score overflows"]), label="target")
+        head, sign, row = data.draw(st.sampled_from(self.score_overflows), label="target")
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._due(non_finite=True),
                    f"append a row whose head {head} score with its own key is {'+' if sign > 0 else '-'}inf")
@@ -273,6 +286,16 @@ class LayerSteps(ConformanceMachine):
                 "peaks": g.peak_features(self.weights),
             })
         return self._facts[1]
+
+    @property
+    def score_overflows(self) -> list[tuple[int, float, np.ndarray]]:
+        """The score-overflowing rows, judged over what the cache stores (docs/spec.md §13.6): a frozen scale
+        saturates a stored key, and a score over what is stored may stay finite -- such a row is no overflow."""
+        rows = self.facts["score overflows"]
+        if not self.frozen_scale or self.model.calibration is None:
+            return rows
+        return [(head, sign, row) for head, sign, row in rows
+                if self.oracle.stored_score_overflows(self.model, head, row)]
 
     @property
     def _row_shape(self) -> tuple[int, int, int]:

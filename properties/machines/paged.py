@@ -448,6 +448,26 @@ class PagedCacheMachine(ConformanceMachine):
         self._truncate(sequence, data.draw(st.integers(1, length - 1), label="keep"))
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, 2), label="tokens"))
 
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self.block_size >= 2
+          and self._fresh(shortest=2, longest=MAX_LENGTH - 1))
+    def truncate_inside_a_shared_block_then_append(self, data: Draws) -> None:
+        """The copy-on-write that must copy rows: a short sequence of other tokens is added and freed (its
+        partial block goes back to the free blocks holding its rows), a sequence is forked, cut inside a
+        block at an offset above 0 and grown again: the block it writes into must first be a copy of the
+        shared one, with its first rows -- not a fresh block holding whatever was freed."""
+        sequence = self._pick(data, self._fresh(shortest=2, longest=MAX_LENGTH - 1), "sequence")
+        vocab = self.config.vocab
+        filler = [(t + 1) % vocab for t in self.live[sequence].tokens[:self.block_size - 1]]
+        before = set(self.live)
+        self._add(filler, SCOPES[0], self.live[sequence].decoder)
+        for added in set(self.live) - before:
+            self._free(added)
+        length = len(self.live[sequence].tokens)
+        self._fork(sequence)
+        cuts = [k for k in range(1, length) if k % self.block_size]
+        self._truncate(sequence, cuts[data.choose(range(len(cuts)), "cut")])
+        self._append(sequence, data.draw(g.token_lists(vocab, 1, 2), label="tokens"))
+
     @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
     def truncate_to_an_invalid_length(self, data: Draws) -> None:
         """invalid_length where validates_length is claimed; from every adapter, if it raises, nothing changed."""

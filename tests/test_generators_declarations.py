@@ -1,0 +1,124 @@
+"""Every generator that takes declarations draws only within them; the one gate agrees with what can be drawn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from impl.conformance import ReferenceAdapter
+from kvcache_conformance import generate as g
+from kvcache_conformance.generate.needs import LAYER_CONVENTION, Needs
+from kvcache_conformance.machines.layer import LayerCacheMachine
+from kvcache_conformance.protocol.declarations import LayerLimits
+from kvcache_conformance.protocol.kinds import declared
+
+FAST = settings(max_examples=60, database=None, deadline=None)
+REFERENCE = declared(ReferenceAdapter.capabilities)
+CAPABILITIES = [REFERENCE, frozenset({"rope_half_split"}), frozenset({"positionless", "gqa"}),
+                frozenset({"rope_interleaved", "partial_rotary", "gqa"})]
+LIMITS = [LayerLimits(), LayerLimits(model_width_is_heads_times_head_width=True, max_heads=2),
+          LayerLimits(model_width_divisible_by_heads=True, min_head_width=4, head_width_multiple=4),
+          LayerLimits(max_heads=1, max_model_width=3, max_rotary_width=2, max_batch=1, max_capacity=5),
+          LayerLimits(min_head_width=32)]
+
+
+@pytest.mark.parametrize("limits", LIMITS, ids=lambda limits: str(limits.described()) or "none")
+@pytest.mark.parametrize("capabilities", CAPABILITIES, ids=lambda c: "+".join(sorted(c))[:40])
+def test_layers_are_drawn_only_within_what_is_declared(capabilities: frozenset[str], limits: LayerLimits) -> None:
+    families = tuple(g.layer_families(capabilities, limits))
+    for style, grouped in families:
+        assert style in g.position_styles(capabilities) and (not grouped or "gqa" in capabilities)
+    for heads, kv_heads, dh, widths in g.geometries(capabilities, limits):
+        assert all(limits.geometry_problem(w, heads, dh) is None for w in widths)
+        assert kv_heads == heads or "gqa" in capabilities
+    if not families:
+        return
+
+    @FAST
+    @given(config=g.layer_configs(capabilities, limits=limits, families=families))
+    def drawn(config: g.LayerConfig) -> None:
+        assert g.requirements_of(config) <= capabilities, config
+        assert g.layers.limits_problem(config, limits) is None, (config, limits)
+        family = ("none" if config.rope is None else config.rope.style,
+                  config.weights.kv_heads < config.weights.heads)
+        assert family in families
+
+    drawn()
+
+
+def test_wider_heads_than_the_documented_range_are_drawn_only_where_the_limits_ask() -> None:
+    assert g.head_widths() == [2, 4, 6, 8]
+    assert g.head_widths(LayerLimits(min_head_width=32)) == [32]
+    assert g.head_widths(LayerLimits(head_width_multiple=4)) == [4, 8]
+    assert g.head_widths(LayerLimits(min_head_width=9, max_head_width=9)) == []
+
+
+@pytest.mark.parametrize("limits", LIMITS[:4], ids=lambda limits: str(limits.described()) or "none")
+@pytest.mark.parametrize("capabilities", CAPABILITIES, ids=lambda c: "+".join(sorted(c))[:40])
+def test_layers_of_other_geometry_stay_within_the_limits_and_the_rotary_width(capabilities: frozenset[str],
+                                                                                 limits: LayerLimits) -> None:
+    adapter: Any = type("Declared", (ReferenceAdapter,), {"capabilities": capabilities,
+                                                           "layer_limits": limits})()
+    families = tuple(g.layer_families(capabilities, limits))
+    if not families:
+        return
+
+    @FAST
+    @given(config=g.layer_configs(capabilities, limits=limits, families=families))
+    def changes(config: g.LayerConfig) -> None:
+        machine = LayerCacheMachine(adapter)
+        machine.config = config
+        for width, heads, kv_heads, dh in machine.geometry_changes.values():
+            assert limits.geometry_problem(width, heads, dh) is None
+            assert kv_heads == heads or "gqa" in capabilities
+            if config.rope is not None and "partial_rotary" not in capabilities:
+                assert dh <= (limits.max_rotary_width or dh)  # a full rotary width still within its limit
+
+    changes()
+
+
+@given(data=st.data())
+@FAST
+def test_decoders_use_rope_only_with_a_declared_pairing(data: st.DataObject) -> None:
+    for capabilities in (frozenset({"positions_rope", "positions_sinusoidal"}),
+                         frozenset({"positions_rope", "rope_half_split"}), REFERENCE):
+        for strategy in (g.decoder_configs(capabilities), g.paged_decoder_configs(capabilities)):
+            config = data.draw(strategy)
+            assert g.requirements_of(config) <= capabilities | {"sliding_window", "gqa"}, (config, capabilities)
+    with pytest.raises(ValueError, match="declares no decoder position convention"):
+        data.draw(g.decoder_configs(frozenset({"positions_rope"})))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_other_batches_come_smaller_first_then_larger_then_empty(batch: int) -> None:
+    others = g.inputs.other_batches(batch)
+    assert batch not in others and 0 in others and batch + 1 in others
+    assert others[0] == (1 if batch > 1 else batch + 1)
+
+
+def test_malformed_rows_reach_one_row_into_a_larger_batch_a_larger_batch_and_none() -> None:
+    seen: set[str] = set()
+
+    @settings(max_examples=400, database=None, deadline=None)
+    @given(g.malformed_rows(3, 4))
+    def drawn(bad: g.MalformedRow) -> None:
+        shape = getattr(bad.value, "shape", ())
+        if "batch_mismatch" in bad.problems and len(shape) == 3:
+            seen.add("single" if shape[0] == 1 else "larger" if shape[0] > 3 else "none" if shape[0] == 0 else "")
+
+    drawn()
+    assert {"single", "larger", "none"} <= seen
+
+
+def test_the_gate_names_what_is_missing_and_passes_what_applies() -> None:
+    paged_only: Any = type("PagedOnly", (), {"name": "paged-only", "capabilities": frozenset(
+        {"paged_prefix_sharing", "positions_rope", "rope_half_split"})})()
+    layers = Needs.of(alternatives=[("layer convention", LAYER_CONVENTION)], families=((None, None),))
+    assert "drives no layer caches" in (layers.problem(paged_only) or "")
+    assert layers.problem(ReferenceAdapter()) is None
+    tied: Any = type("Tied", (ReferenceAdapter,), {"layer_limits": {"max_heads": 1}})()
+    assert "can build no layer" in (Needs.of("gqa", families=((None, True),)).problem(tied) or "")
+    assert "does not declare decode_session" in (Needs.of("decode_session").problem(paged_only) or "")
