@@ -25,7 +25,7 @@ from ..judge.failures import check_of, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
-from . import databases, known_failures, profiles, runner, selection
+from . import databases, first_failure, known_failures, profiles, runner, selection
 from .provenance import ROOT
 from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
@@ -98,6 +98,9 @@ def pytest_configure(config: pytest.Config) -> None:
         except known_failures.KnownFailuresError as error:
             raise pytest.UsageError(str(error)) from None
         config.pluginmanager.register(known_failures.KnownFailures(Path(xfails), entries), "kvcache-known-failures")
+    if config.getoption("maxfail", 0) and not config.getoption("numprocesses", None) and not hasattr(
+            config, "workerinput"):
+        config.pluginmanager.register(first_failure.FirstFailure(), "kvcache-first-failure")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),

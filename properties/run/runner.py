@@ -213,6 +213,25 @@ class PropertyRun:
         Hypothesis saved under their node ids, and honours entries naming them: a part expected to fail is
         left out of the draws and run on its own, strictly; a rule left out of one part is left out there only
         (the machine takes ``left_out_families`` and ``family_rules``)."""
+        searched, left_out = self.plan(machine, parameters)
+        former = known_failures.former_ids(self.node)
+        known = known_failures.families_known(self.node)
+        narrowed = known_failures.family_rules(self.node)
+        for suffix, old in former.items():  # what was saved under the former ids, replayed by the property now
+            if suffix not in known:
+                self._replay_saved(machine, f"{self.node.nodeid}[{suffix}]", old, left_out | {
+                    rule for (part, rule) in narrowed if part == suffix})
+        for suffix, entry in known.items():
+            self._known_part(machine, suffix, former[suffix], entry, left_out)
+        result = self._search(machine, self.node.nodeid, searched, left_out)
+        causes = self._causes(machine, searched, left_out, result, hunt=MAX_CAUSES)
+        if causes:
+            raise causes[0][1]
+        return result
+
+    def plan(self, machine: str, parameters: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+        """The gate (skip, with the reason), then what the main search runs: the machine's parameters with the
+        former parts a ``--kv-xfails`` entry names, and the rules it leaves out."""
         problem = MACHINES[machine].needs(**parameters).problem(self.adapter)  # the one gate
         if problem is not None:
             pytest.skip(problem)
@@ -225,22 +244,11 @@ class PropertyRun:
                 raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.node.nodeid} runs the "
                                         f"{machine} machine, which has no rule {name!r}; its rules: "
                                         f"{', '.join(sorted(rules))}")
-        former = known_failures.former_ids(self.node)
-        known = known_failures.families_known(self.node)
-        for suffix, old in former.items():  # what was saved under the former ids, replayed by the property now
-            if suffix not in known:
-                self._replay_saved(machine, f"{self.node.nodeid}[{suffix}]", old, frozenset(left_out) | {
-                    rule for (part, rule) in narrowed if part == suffix})
-        for suffix, entry in known.items():
-            self._known_part(machine, suffix, former[suffix], entry, frozenset(left_out))
-        if former:
+        if known_failures.former_ids(self.node):
+            known = known_failures.families_known(self.node)
             parameters = {**parameters, **({"left_out_families": sorted(known)} if known else {}),
                           **({"family_rules": sorted(narrowed)} if narrowed else {})}
-        result = self._search(machine, self.node.nodeid, parameters, frozenset(left_out))
-        causes = self._causes(machine, parameters, frozenset(left_out), result, hunt=MAX_CAUSES)
-        if causes:
-            raise causes[0][1]
-        return result
+        return parameters, frozenset(left_out)
 
     def _causes(self, machine: str, parameters: dict[str, Any], left_out: frozenset[str], first: RunResult, *,
                 hunt: int = 1) -> list[tuple[dict[str, Any], BaseException]]:
