@@ -93,14 +93,18 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunke
     """A step's input with one or several of: not a float64 ndarray, not 3-D, not one token, another batch
     (0 included), another width (0 included); values in [-1, 1]. ``chunked``: a chunk's input, for which
     any token count >= 1 is valid and only 0 tokens is wrong."""
-    kinds = draw(st.sets(st.sampled_from(INPUT_CHECKS), min_size=1), label="problems")
+    # Half the time one problem alone (each reaches its own check; batch and width are the ones a write can get
+    # past), else several at once (the order of checks decides).
+    kinds = draw(st.one_of(st.sampled_from(INPUT_CHECKS).map(lambda kind: {kind}),
+                           st.sets(st.sampled_from(INPUT_CHECKS), min_size=2)), label="problems")
     if ErrorKind.RANK in kinds:  # batch, tokens and width are the axes of a 3-D input only
         kinds -= {ErrorKind.TOKEN_COUNT, ErrorKind.BATCH_MISMATCH, ErrorKind.WIDTH_MISMATCH}
         shape = draw(hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=2).filter(lambda s: len(s) != 3),
                      label="shape")
     else:
+        others = other_batches(batch_size)  # half the time the first: one row into a larger batch, if it can be
         batch = batch_size if ErrorKind.BATCH_MISMATCH not in kinds else draw(
-            st.sampled_from(other_batches(batch_size)), label="batch")
+            st.one_of(st.just(others[0]), st.sampled_from(others)), label="batch")
         if chunked:
             tokens = 0 if ErrorKind.TOKEN_COUNT in kinds else draw(st.integers(1, 3), label="tokens")
         else:
