@@ -110,6 +110,7 @@ class LayerSteps(ConformanceMachine):
 
     @initialize(data=st.data())
     def build_layer_and_cache(self, data: Draws) -> None:
+        """A layer of a family the adapter can build, within its layer limits, and a cache for it."""
         self.config = data.draw(g.layer_configs(self.capabilities, **self.draws, limits=self.limits,
                                                 min_capacity=WINDOWED_MIN_CAPACITY if self.windowed else 1),
                                 label="config")
@@ -237,6 +238,8 @@ class LayerSteps(ConformanceMachine):
 
     @rule(data=st.data())
     def append_non_finite_row(self, data: Draws) -> None:
+        """A row with one inf or NaN: NON_FINITE where non_finite_rejection is claimed; if it raises, nothing
+        changed."""
         x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
         bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf]), label="value")
         index = data.draw(st.tuples(st.integers(0, x.shape[0] - 1), st.integers(0, x.shape[2] - 1)), label="index")

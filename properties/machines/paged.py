@@ -104,6 +104,7 @@ class PagedCacheMachine(ConformanceMachine):
 
     @initialize(data=st.data())
     def build_pool(self, data: Draws) -> None:
+        """A pool of drawn block size and count for a decoder of a declared position convention."""
         self.config = data.draw(g.paged_decoder_configs(self.capabilities), label="decoder")
         # Two computations share one pool only where the hash keeps them apart (declared "signature").
         count = 2 if "signature" in self.policy.hash_keys else 1
@@ -403,6 +404,7 @@ class PagedCacheMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def add(self, data: Draws) -> None:
+        """A new sequence: its leading full blocks whose identities are registered are reused, up to the hit limit."""
         self._add(*self._tokens(data))
 
     @rule(data=st.data())
@@ -416,12 +418,15 @@ class PagedCacheMachine(ConformanceMachine):
 
     @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
     def append(self, data: Draws) -> None:
+        """Tokens appended to a sequence: its full blocks stay, a shared partial block is copied first."""
         sequence = self._pick(data, self._fresh(longest=MAX_LENGTH - 1), "sequence")
         room = MAX_LENGTH - len(self.live[sequence].tokens)
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, min(3, room)), label="tokens"))
 
     @rule(data=st.data(), when=lambda self: self._fresh())
     def fork(self, data: Draws) -> None:
+        """A new sequence sharing the parent's full blocks, with a private copy of a partial last block (full if
+        no block is free for it)."""
         self._fork(self._pick(data, self._fresh(), "sequence"))
 
     @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
@@ -435,6 +440,8 @@ class PagedCacheMachine(ConformanceMachine):
 
     @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
     def truncate(self, data: Draws) -> None:
+        """Keep the first k tokens (with "truncate": True in paged_policy): the table keeps its first ceil(k / bs)
+        blocks."""
         sequence = self._pick(data, self._fresh(), "sequence")
         self._truncate(sequence, data.draw(st.integers(0, len(self.live[sequence].tokens)), label="keep"))
 
@@ -482,6 +489,7 @@ class PagedCacheMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def add_invalid_tokens(self, data: Draws) -> None:
+        """INVALID_TOKENS where validates_tokens is claimed; if it raises, nothing changed."""
         problem, tokens = data.draw(g.invalid_token_sequences(self.config.vocab), label="invalid tokens")
         handed = Inputs()
         given = handed("tokens", tokens)
@@ -490,6 +498,7 @@ class PagedCacheMachine(ConformanceMachine):
 
     @rule(data=st.data(), when=lambda self: self.live)
     def free(self, data: Draws) -> None:
+        """Every block of a sequence released: registered ones become cached."""
         self._free(self._pick(data, list(self.live), "sequence"))
 
     @rule(when=lambda self: self.live)

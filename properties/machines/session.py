@@ -55,6 +55,7 @@ class SessionMachine(ConformanceMachine):
 
     @initialize(data=st.data())
     def build_decoder_and_session(self, data: Draws) -> None:
+        """A decoder of a declared position convention, and a session of a drawn capacity."""
         self.config = data.draw(g.decoder_configs(self.capabilities), label="decoder")
         self.weights = random_decoder_weights(self.config, data.draw(st.integers(0, 2**32 - 1), label="seed"))
         self.capacity = data.draw(st.integers(1, g.MAX_SEQUENCE), label="capacity")
@@ -145,10 +146,12 @@ class SessionMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def prefill(self, data: Draws) -> None:
+        """T >= 1 tokens at once: causal inside the chunk, committed in every block or in none."""
         self._prefill(data.draw(g.token_lists(self.config.vocab), label="tokens"))
 
     @rule(data=st.data())
     def decode(self, data: Draws) -> None:
+        """One token: its logits, and every block's rows, are the oracle's."""
         self._decode(data.draw(st.integers(0, self.config.vocab - 1), label="token"))
 
     @rule(data=st.data())
@@ -159,6 +162,7 @@ class SessionMachine(ConformanceMachine):
 
     @rule()
     def reset(self) -> None:
+        """Empty the session: the next token goes at position 0, bindings kept."""
         self.call("reset the session", lambda: self.adapter.reset_session(self.session))
         self.tokens, self.trace = [], None
 
@@ -170,6 +174,7 @@ class SessionMachine(ConformanceMachine):
 
     @rule(when=lambda self: self.stale or len(self.tokens) == self.capacity)
     def replace_session(self) -> None:
+        """A new session for the decoder as it is now."""
         self._new_session()
 
     # -- the order of checks: each scenario set up whole in one rule (Hypothesis disables a random subset

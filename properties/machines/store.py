@@ -118,6 +118,7 @@ class PrefixStoreMachine(ConformanceMachine):
 
     @initialize(data=st.data())
     def build_store(self, data: Draws) -> None:
+        """A store of a drawn capacity and two decoders of different weights."""
         self.config = data.draw(g.decoder_configs(self.capabilities, windowed=self.windowed), label="decoder")
         seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2), label="seeds")
         self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
@@ -191,10 +192,12 @@ class PrefixStoreMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def prefill(self, data: Draws) -> None:
+        """Compute a prompt (perhaps reusing a stored prefix) and store it: the oldest entry evicted when full."""
         self._call("prefill", data)
 
     @rule(data=st.data())
     def query(self, data: Draws) -> None:
+        """Reuse the entry with the longest common prefix in scope and signature, capped to recompute the last token."""
         self._call("query", data)
 
     @rule(data=st.data())
