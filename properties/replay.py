@@ -1,4 +1,5 @@
-"""``python -m properties.replay TRACE.json [...]``: replay counterexample traces (``traces/replay.py``)."""
+"""``python -m properties.replay TRACE.json [...]`` in a clone, ``python -m kvcache_conformance.replay`` installed:
+replay counterexample traces (``traces/replay.py``)."""
 
 import sys
 

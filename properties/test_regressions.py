@@ -1,6 +1,6 @@
 """Kept counterexamples: every trace in the regression corpus replays as one test.
 
-The corpus is ``tests/regressions/`` plus any ``--kv-regressions DIR``. A
+The corpus is ``regressions/`` beside this file (package data) plus any ``--kv-regressions DIR``. A
 trace passes when the selected implementation conforms at every step, fails
 at the first divergence, and is skipped (with the reason) when it needs a
 capability the implementation does not declare.

@@ -475,7 +475,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(prog="python -m tests.mutants",
                                      description="Rewrite the regression corpus from the mutants' shrunk runs.")
-    parser.add_argument("--corpus", type=Path, default=Path(__file__).parent / "regressions")
+    parser.add_argument("--corpus", type=Path, default=Path(__file__).parent.parent / "properties" / "regressions")
     parser.add_argument("names", nargs="*", help="mutants to rerun (default: all)")
     options = parser.parse_args()
     write_corpus(options.corpus, options.names or None)

@@ -21,7 +21,7 @@ from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import recording, replay
 from tests.mutants import MUTANTS, build
 
-REGRESSIONS = Path(__file__).parent / "regressions"
+REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"  # the corpus, package data
 CORPUS = sorted(REGRESSIONS.glob("*.json"))
 
 
@@ -103,7 +103,10 @@ def test_a_mutant_trace_fails_the_mutant_at_the_recorded_step_and_passes_the_ref
     if "kind" in document["failure"]:  # format 3 records the failure's kind and check (messages are for people)
         assert (against_mutant.kind, against_mutant.check) == (document["failure"]["kind"],
                                                                document["failure"]["check"])
-    against_reference = replay.replay(document, ReferenceAdapter(), out=lambda line: None)
+    # The reference the mutant was made from: the same factory of the unmutated impl (its storage declared too).
+    factory = document["recorded_with"]["spec"].partition(":")[2]
+    reference = selection.load_adapter(f"impl.conformance:{factory}")
+    against_reference = replay.replay(document, reference, out=lambda line: None)
     assert against_reference.conforms, against_reference.message
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run import databases, profiles, selection
-from ..run.provenance import ROOT, environment_facts, implementation_facts
+from ..run.provenance import environment_facts, implementation_facts, suite_paths, working_directory
 from . import report as campaign_report
 from .shard import Shard, ShardRequest, ShardResult, collect, run_shard
 
@@ -126,7 +126,7 @@ def _run_parser() -> argparse.ArgumentParser:
 def run(options: argparse.Namespace) -> int:
     spec = selection.spec_from(options.spec)
     db = databases.shared_url(options.db)
-    out = (options.out or ROOT / "counterexamples" / f"campaign-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}").resolve()
+    out = (options.out or Path("counterexamples") / f"campaign-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}").resolve()
     if db is not None:  # a clear error now rather than one per shard
         databases.open_shared(db, databases.SharedScope("-", "-", "-", "-"))
     distributed = _distributed()
@@ -299,7 +299,7 @@ def _write(out: Path, progress: Progress, properties: list[str], stopped: str | 
             path = out / "traces" / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            traces[name] = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+            traces[name] = str(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path)
         unpublished += result.unpublished
     if unpublished:
         out.mkdir(parents=True, exist_ok=True)
@@ -417,7 +417,7 @@ def _prune_parser() -> argparse.ArgumentParser:
                         help="the program length the examples were saved with (default: %(default)s)")
     parser.add_argument("--oracle", default="float64", choices=selection.ORACLES)
     parser.add_argument("-k", dest="select", default=None, metavar="EXPRESSION")
-    parser.add_argument("--out", type=Path, default=ROOT / "counterexamples" / "prune",
+    parser.add_argument("--out", type=Path, default=Path("counterexamples") / "prune",
                         help="traces of the examples that still fail (default: %(default)s)")
     return parser
 
@@ -425,7 +425,7 @@ def _prune_parser() -> argparse.ArgumentParser:
 def prune(options: argparse.Namespace) -> int:
     """One local pytest run of every property, replaying saved examples only, with deletion allowed."""
     db = _required_db(options.db)
-    arguments = [sys.executable, "-m", "pytest", "properties", "--ignore=properties/test_regressions.py",
+    arguments = [sys.executable, "-m", "pytest", *suite_paths(),
                  "-p", "kvcache_conformance.campaign.plugin", "-p", "no:cacheprovider", "-q", "-rfs",
                  f"--kv-impl={selection.spec_from(options.spec)}", f"--hypothesis-profile={options.profile}",
                  f"--oracle={options.oracle}", "--kv-shard-role=prune", f"--kv-shard-db={db}",
@@ -435,7 +435,7 @@ def prune(options: argparse.Namespace) -> int:
     print("prune: failed = a counterexample that still fails (kept); passed = the saved examples no longer fail "
           "(deleted); skipped = nothing saved", flush=True)
     environment = {k: v for k, v in os.environ.items() if k != databases.SHARED_ENV_VAR}
-    code = subprocess.call(arguments, cwd=ROOT, env=environment)
+    code = subprocess.call(arguments, cwd=working_directory(), env=environment)
     return 0 if code in (0, 1, 5) else code
 
 

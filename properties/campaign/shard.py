@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..run.provenance import ROOT
+from ..run.provenance import suite_paths, working_directory
 
 STOP_POLL = 1.0  # seconds between looks at the campaign's stop event
 STOP_GRACE = 60.0  # seconds a stopped shard has to write its report before it is killed
@@ -106,8 +106,9 @@ def run_shard(request: ShardRequest) -> ShardResult:
         directory = Path(temporary)
         started = time.monotonic()
         with (directory / "output.txt").open("w") as output:
-            process = subprocess.Popen(command(request, directory), cwd=ROOT, env=environment, stdout=output,
-                                       stderr=subprocess.STDOUT, start_new_session=True)  # Ctrl-C is the driver's
+            process = subprocess.Popen(command(request, directory), cwd=working_directory(), env=environment,
+                                       stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # Ctrl-C is the driver's
             stopped = _wait(process, stop)
         seconds = time.monotonic() - started
         report_path = directory / "report.json"
@@ -175,12 +176,13 @@ def collect(spec: str, select: str | None = None, oracle: str = "float64") -> li
 
     The regression corpus is left out: its traces replay the same way every
     time, and every ordinary run replays them."""
-    arguments = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "properties",
-                 "--ignore=properties/test_regressions.py", f"--kv-impl={spec}", f"--oracle={oracle}"]
+    arguments = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *suite_paths(),
+                 f"--kv-impl={spec}", f"--oracle={oracle}"]
     if select:
         arguments += ["-k", select]
     environment = {k: v for k, v in os.environ.items() if k != "KVCACHE_DB"}
-    done = subprocess.run(arguments, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(arguments, cwd=working_directory(), env=environment, capture_output=True, text=True,
+                          timeout=300)
     found = [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if done.returncode not in (0, 5) or not found:
         raise RuntimeError(f"collecting the properties failed (pytest exit status {done.returncode}):\n"

@@ -105,6 +105,42 @@ def property_settings(settings: Settings, *, implementation: str, property_id: s
     return Settings(settings, database=PropertyDatabase(settings.database, prefix))
 
 
+
+class SecondaryOnly(ExampleDatabase):
+    """A database whose saves go to Hypothesis's secondary corpus of each key (reads and deletes unchanged).
+
+    For a run that does not shrink (the look of ``first_failure.py``): Hypothesis takes an interesting example
+    from the primary corpus for an already shrunk one and skips shrinking it; from the secondary corpus it
+    replays the example and shrinks it."""
+
+    def __init__(self, database: ExampleDatabase) -> None:
+        super().__init__()
+        self.database = database
+
+    def __repr__(self) -> str:
+        return f"SecondaryOnly({self.database!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecondaryOnly) and self.database == other.database
+
+    def __hash__(self) -> int:
+        return hash(("secondary", self.database))
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.database.save(key if key.endswith(_SUB_KEYS) else key + b".secondary", value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.database.fetch(key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.database.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.database.move(src, dest, value)
+
+
+_SUB_KEYS = (b".secondary", b".pareto")  # Hypothesis's own sub-keys of a test's key
+
 # -- The shared database (``--kv-db redis://HOST:PORT/N``, docs/campaigns.md) ------------------------------------
 
 SHARED_OPTION = "--kv-db"

@@ -4,10 +4,11 @@ In the run order, a failure in the fifth machine waits for four machines to
 pass in full first. So before the first machine property runs, each one gets a
 short look instead, in the run order: ``LOOK_EXAMPLES`` examples of its main
 search, nothing shrunk. The first whose look fails runs at once, in full: its
-failing example, saved in the example database under the property's own key,
-is the first it replays (without a database, a derandomised profile draws it
-again as the look did). If no look fails, the run goes on in its order, and
-the looks cost what they cost: about a tenth of one pass.
+failing example, saved in the example database under the property's own key
+(as a secondary example, so that it is shrunk), is the first it replays
+(without a database, a derandomised profile draws it again as the look did).
+If no look fails, the run goes on in its order, and the looks cost what they
+cost: about a tenth of one pass.
 
 Only in one process: xdist's workers take items as they come, so there is no
 "first" to reorder (the plugin does not register this there).
@@ -43,9 +44,9 @@ class Look(PropertyRun):
         phases = tuple(p for p in current.phases if p not in (Phase.target, Phase.shrink))
         brief = Settings(current, max_examples=min(LOOK_EXAMPLES, current.max_examples), phases=phases,
                          report_multiple_bugs=False)
-        result = run_machine(machine, self.adapter, property_id=self.node.nodeid, parameters=searched,
+        result = run_machine(machine, self.adapter, property_id=self.property_id, parameters=searched,
                              requires=self.required, numbers=self.numbers, spec=self.spec, disabled_rules=left_out,
-                             settings=brief)
+                             settings=brief, saves_as_secondary=True)
         self.failed = result.failure is not None
         return result
 
@@ -67,7 +68,7 @@ def _fails_a_look(item: pytest.Function) -> bool:
         item.obj(**arguments, **{FIXTURE: look})
     except pytest.skip.Exception:
         return False
-    except Exception:  # noqa: BLE001 -- an error of the property itself: the full run shows it
+    except Exception:  # an error of the property itself: the full run shows it
         return True
     return look.failed
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from .identity import PACKAGE_DIR, PREFIX, canonical
+
 OPTION = "--kv-xfails"
 FORMER_IDS = "kv_former_ids"  # a marker: the parametrised properties a property replaced, {suffix: parameters}
 LEFT_OUT = pytest.StashKey[dict[str, "Entry"]]()  # on an item: rule name -> the entry leaving it out
@@ -144,9 +146,10 @@ class KnownFailures:
         matched: set[Entry] = set()
         errors: list[str] = []
         for item in items:
-            found = [entry for entry in self.entries if entry.matches(item.nodeid)]
+            name = canonical(item.nodeid)  # entries name properties as the clone does, wherever they were collected
+            found = [entry for entry in self.entries if entry.matches(name)]
             matched.update(found)
-            former = {f"{item.nodeid}[{suffix}]": suffix for suffix in former_ids(item)}
+            former = {f"{name}[{suffix}]": suffix for suffix in former_ids(item)}
             by_former = [(entry, suffix) for entry in self.entries if entry not in found
                          for nodeid, suffix in former.items() if entry.matches(nodeid)]
             matched.update(entry for entry, _ in by_former)
@@ -163,7 +166,7 @@ class KnownFailures:
             narrowed = {(suffix, entry.rule): entry for entry, suffix in by_former if entry.rule is not None}
             if rules or narrowed or known:
                 if "conformance" not in getattr(item, "fixturenames", ()):
-                    errors += [f"{OPTION} {entry.where}: {item.nodeid} runs no state machine; only a machine "
+                    errors += [f"{OPTION} {entry.where}: {name} runs no state machine; only a machine "
                                "property can leave a rule out" for entry in [*rules.values(), *narrowed.values()]]
                 item.stash[LEFT_OUT] = rules
                 item.stash[FAMILY_RULES] = narrowed
@@ -177,9 +180,9 @@ class KnownFailures:
                 if known:
                     item.user_properties.append(("kv_parts_known_to_fail",
                                                  {suffix: entry.describe() for suffix, entry in sorted(known.items())}))
-        collected = {item.nodeid.partition("::")[0] for item in items}
+        collected = {canonical(item.nodeid).partition("::")[0] for item in items}
         unmatched = [entry for entry in self.entries if entry not in matched
-                     and not (entry.file and entry.file not in collected and (config.rootpath / entry.file).is_file())]
+                     and not (entry.file and entry.file not in collected and _exists(config, entry.file))]
         errors += [f"{OPTION} {entry.where}: {entry.pattern!r} matches no collected test (a typo?)"
                    for entry in unmatched]
         if errors:
@@ -188,3 +191,11 @@ class KnownFailures:
             items[:] = []
             config.hook.pytest_collectreport(report=pytest.CollectReport(
                 nodeid=str(self.path), outcome="failed", longrepr="\n".join(dict.fromkeys(errors)), result=[]))
+
+
+def _exists(config: pytest.Config, file: str) -> bool:
+    """Whether an entry's file is a test file of the run's root, or one of the suite's own properties."""
+    if (config.rootpath / file).is_file():
+        return True
+    head, _, name = file.partition("/")
+    return head == PREFIX and (PACKAGE_DIR / name).is_file()

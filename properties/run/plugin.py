@@ -1,11 +1,18 @@
 """The pytest plugin of the suite: which implementation, which oracle, which Hypothesis profile.
 
+Registered through the ``pytest11`` entry point, so every pytest run in an
+environment with the suite installed loads it; it stays inert unless the run
+is the suite's (``_is_the_suite``): an implementation named, or the suite's
+own files among what pytest was asked to collect. Nothing is loaded then, no
+Hypothesis profile changed.
+
 ``--kv-impl module:factory`` (or ``KVCACHE_IMPL``) picks the implementation,
 ``--oracle float64|mpmath`` the ground truth the machines compare with,
 ``--hypothesis-profile`` (or ``HYPOTHESIS_PROFILE``) one of
 ``run/profiles.py``. Every pytest process -- each xdist worker too --
 resolves them here, once. ``--kv-traces`` is where counterexample traces go,
-``--kv-regressions`` adds trace corpora to replay, ``--kv-call-timeout``
+``--kv-regressions`` adds trace corpora to replay, ``--kv-examples`` where the
+example databases are, ``--kv-call-timeout``
 bounds every call into the implementation, ``--kv-report`` writes the
 conformance report, ``--kv-xfails`` baselines known failures
 (``run/known_failures.py``), ``--kv-db redis://HOST:PORT/N`` (or
@@ -15,6 +22,7 @@ conformance report, ``--kv-xfails`` baselines known failures
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,29 +34,35 @@ from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
 from . import databases, first_failure, known_failures, profiles, runner, selection
-from .provenance import ROOT
+from .identity import PACKAGE_DIR, is_suite_file
 from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
 
-DATABASE_ROOT = ROOT / ".hypothesis" / "implementations"
+# Everything a run writes goes under the directory it runs from, never into the installed package.
+DATABASES = Path(".hypothesis") / "implementations"
+TRACES = Path("counterexamples")
 FAST_SHRINK_SECONDS = 5.0  # under -x: the first failure fast, shrunk as far as five seconds go
-REGRESSIONS = ROOT / "tests" / "regressions"
+REGRESSIONS = PACKAGE_DIR / "regressions"  # the suite's own corpus: package data
+CHECKOUT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "impl").is_dir() else None  # a clone of the repository
+_ACTIVE = pytest.StashKey[bool]()
 
-profiles.register()
-profiles.load()
 
-
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.register(_Activation(), "kvcache-activation")
     group = parser.getgroup("kvcache", "KV-cache conformance suite")
     group.addoption(selection.OPTION, default=None, metavar="MODULE:FACTORY",
                     help=f"adapter factory of the implementation under test "
                          f"(default: ${selection.ENV_VAR} or {selection.DEFAULT_SPEC})")
     group.addoption("--oracle", default="float64", choices=selection.ORACLES,
                     help="ground truth for the machines: float64, or mpmath high precision (slow)")
-    group.addoption("--kv-traces", default=str(ROOT / "counterexamples"), metavar="DIR",
-                    help="where a failing machine writes its counterexample trace (default: %(default)s)")
+    group.addoption("--kv-traces", default=str(TRACES), metavar="DIR",
+                    help="where a failing machine writes its counterexample trace (default: %(default)s, under the "
+                         "directory pytest runs from)")
+    group.addoption("--kv-examples", default=str(DATABASES), metavar="DIR",
+                    help="where each implementation's Hypothesis example database goes (default: %(default)s, under "
+                         "the directory pytest runs from)")
     group.addoption("--kv-regressions", action="append", default=[], metavar="DIR",
-                    help=f"also replay every trace in DIR (always: {REGRESSIONS.relative_to(ROOT)})")
+                    help="also replay every trace in DIR (always: the suite's own corpus)")
     group.addoption("--kv-call-timeout", type=float, default=calls.CALL_TIMEOUT, metavar="SECONDS",
                     help="a call into the implementation that takes longer is a non-conformance naming the step "
                          "(default: %(default)s; 0: no limit)")
@@ -71,15 +85,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"needs the extra 'campaign'; docs/campaigns.md)")
 
 
-@pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
+def _is_the_suite(config: pytest.Config) -> bool:
+    """Whether this pytest run is the suite's: an implementation named, or the suite's files (its properties; in a
+    clone, anything of the repository) among the paths or ``--pyargs`` modules pytest was asked to collect; or a
+    conformance report asked for."""
+    if config.getoption(selection.OPTION) or os.environ.get(selection.ENV_VAR) or config.getoption("--kv-report"):
+        return True
+    where = config.invocation_params.dir
+    for argument in config.args:
+        name = argument.split("::")[0]
+        if config.getoption("pyargs", False) and name.split(".")[0] in ("kvcache_conformance", "properties"):
+            return True
+        path = (where / name).resolve()
+        roots = [PACKAGE_DIR, *([CHECKOUT] if CHECKOUT else [])]
+        if any(path == root or path.is_relative_to(root) for root in roots):
+            return True
+    return False
+
+
+def _active(config: pytest.Config) -> bool:
+    return config.stash.get(_ACTIVE, False)
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis loads --hypothesis-profile, which may name one of ours
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{known_failures.FORMER_IDS}(ids): the parametrised properties this one "
-                                       "replaced, {suffix: machine parameters} (run/known_failures.py)")
+    if _is_the_suite(config):
+        profiles.register()
+
+
+class _Activation:
+    """The rest of the configuration, after Hypothesis's (a second pytest_configure; registered with the options)."""
+
+    @pytest.hookimpl(trylast=True)  # after Hypothesis has loaded --hypothesis-profile
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.addinivalue_line("markers", f"{known_failures.FORMER_IDS}(ids): the parametrised properties this "
+                                           "one replaced, {suffix: machine parameters} (run/known_failures.py)")
+        if _is_the_suite(config):
+            _activate(config)
+
+
+def _activate(config: pytest.Config) -> None:
+    """Resolve the implementation, the oracle and the profiles, and register the parts of the plugin that run."""
+    config.stash[_ACTIVE] = True
+    profiles.register()
+    profiles.load()
     try:
         adapter = selection.configure(config.getoption(selection.OPTION), config.getoption("--oracle"))
     except selection.AdapterLoadError as error:
         raise pytest.UsageError(str(error)) from None
-    profiles.register(DATABASE_ROOT, selection.database_key(adapter), shared=_shared_database(config, adapter))
+    databases_root = config.invocation_params.dir / config.getoption("--kv-examples")
+    profiles.register(databases_root, selection.database_key(adapter), shared=_shared_database(config, adapter))
     profiles.load()
     calls.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
     causes = config.getoption("--kv-causes")
@@ -126,6 +181,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """For ``@given`` properties, the report's ``runs`` come from Hypothesis's own statistics; for every
     failure, its kind (``PropertyRun`` records the machines' own)."""
     outcome = yield
+    if not _active(item.config):
+        return
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when == "call" and call.excinfo is not None and not any(
             name == "kv_failure_kind" for name, _ in item.user_properties):
@@ -143,7 +200,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def conformance(request: pytest.FixtureRequest) -> PropertyRun:
-    return PropertyRun(request.node, Path(request.config.getoption("--kv-traces")).resolve())
+    config = request.config
+    if not _active(config):
+        raise pytest.UsageError("the conformance fixture outside a run of the suite")
+    return PropertyRun(request.node, (config.invocation_params.dir / config.getoption("--kv-traces")).resolve())
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -162,7 +222,16 @@ _FIRST = ("test_regressions.py", "test_layer_cache.py", "test_prefix_store_confo
           "test_precision.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before known failures are matched (that plugin registers once active)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _active(config):
+        found = next((item.nodeid for item in items if is_suite_file(Path(item.path))), None)
+        if found is not None:  # (reached through a path that is not the suite's own: a symlink, --rootdir ...)
+            raise pytest.UsageError(f"{found} is one of the suite's properties, collected in a run that is not the "
+                                    f"suite's: name the suite (pytest --pyargs kvcache_conformance) or the "
+                                    f"implementation ({selection.OPTION})")
+        return
+
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::")[0]
         return next((i for i, part in enumerate(_FIRST) if path.endswith(part) or item.nodeid.endswith(part)),
@@ -172,6 +241,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    if not _active(config):
+        return []
     adapter = selection.selected()
     current = settings.default
     return [

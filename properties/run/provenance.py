@@ -14,7 +14,19 @@ import numpy as np
 
 from ..protocol.declarations import LayerLimits
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: properties/run/provenance.py
+SUITE = Path(__file__).resolve().parents[1]  # the suite's package: properties/ in a clone, else kvcache_conformance/
+# A clone of the repository (its reference beside the suite), else None: an installed suite has no checkout.
+CHECKOUT: Path | None = SUITE.parent if (SUITE.parent / "impl").is_dir() and SUITE.name == "properties" else None
+
+
+def working_directory() -> Path:
+    """Where the suite's own pytest runs (campaigns) start: the clone's root, else the directory run from."""
+    return CHECKOUT or Path.cwd()
+
+
+def suite_paths() -> list[str]:
+    """pytest arguments collecting the suite's properties, without the regression corpus."""
+    return [str(SUITE), f"--ignore={SUITE / 'test_regressions.py'}"]
 
 
 def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
@@ -37,9 +49,12 @@ def suite_version() -> str:
 
 
 def suite_commit() -> str | None:
-    """The git commit of the suite's checkout, with ``+dirty`` if it has local changes; None outside git."""
+    """The git commit of the suite's checkout, with ``+dirty`` if it has local changes; None outside git (or
+    installed: the git repository around a site-packages is someone else's)."""
+    if CHECKOUT is None:
+        return None
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10,
+        return subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True, timeout=10,
                               check=True).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")

@@ -29,6 +29,7 @@ from hypothesis import settings
 
 from ..judge.tolerance import Judge
 from . import selection
+from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
@@ -81,15 +82,16 @@ class ConformanceReport:
             self.collection_errors.append(f"{report.nodeid}: {_first_line(report)}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.collected.update(dict.fromkeys(item.nodeid for item in session.items))
+        self.collected.update(dict.fromkeys(canonical(item.nodeid) for item in session.items))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        self.collected.update(dict.fromkeys(ids))  # under xdist the controller collects nothing itself
+        self.collected.update(dict.fromkeys(map(canonical, ids)))  # under xdist the controller collects nothing
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        entry = self.properties.setdefault(report.nodeid, {"property": report.nodeid, "outcome": "unfinished",
-                                                           "reason": None, "seconds": 0.0})
+        name = canonical(report.nodeid)
+        entry = self.properties.setdefault(name, {"property": name, "outcome": "unfinished", "reason": None,
+                                                  "seconds": 0.0})
         entry["seconds"] += report.duration
         for name, value in report.user_properties:
             if name.startswith("kv_"):

@@ -32,7 +32,8 @@ from ..oracle import FLOAT64, NumberSystem
 from ..protocol.layer import KvCacheAdapter
 from ..traces import codec, recording
 from . import known_failures, selection
-from .databases import property_settings
+from .databases import SecondaryOnly, property_settings
+from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 SHRINK_SECONDS = 30.0  # after the first failure of a run; the plugin sets --kv-shrink-seconds
@@ -80,12 +81,14 @@ class RunResult:
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
                 requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
                 settings: Settings | None = None, spec: str | None = None,
-                disabled_rules: frozenset[str] = frozenset(), shrink_seconds: float | None = None) -> RunResult:
+                disabled_rules: frozenset[str] = frozenset(), shrink_seconds: float | None = None,
+                saves_as_secondary: bool = False) -> RunResult:
     """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
 
     ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
     diverged cannot go on judging). Shrinking stops ``shrink_seconds`` after the first failure (default
-    ``SHRINK_SECONDS``), with the shortest failing run found as the verdict."""
+    ``SHRINK_SECONDS``), with the shortest failing run found as the verdict. ``saves_as_secondary``: for a run
+    that does not shrink, so that the next run shrinks what it saved (``databases.SecondaryOnly``)."""
     shrink_seconds = SHRINK_SECONDS if shrink_seconds is None else shrink_seconds
     parameters = parameters or {}
     cls = MACHINES[machine]
@@ -117,6 +120,8 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     # out (--kv-xfails PROPERTY :: RULE, which reaches here as disabled_rules).
     chosen = property_settings(settings or Settings(report_multiple_bugs=False), implementation=str(adapter.name),
                                property_id=property_id, parameters=parameters, disabled_rules=disabled_rules)
+    if saves_as_secondary and chosen.database is not None:
+        chosen = Settings(chosen, database=SecondaryOnly(chosen.database))
     targeting = Phase.target in chosen.phases  # hill-climbing reads the machines' target(); elsewhere it only costs
     try:
         with _shrinking_for(shrink_seconds):
@@ -176,7 +181,7 @@ def _point_to(failure: BaseException, path: Path) -> None:
     """Name the trace in the failure message itself (pytest prints it first)."""
     where = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
     pointer = (f"\n\ncounterexample trace: {where}\n"
-               f"replay it: python -m properties.replay {where} [--kv-impl MODULE:FACTORY]")
+               f"replay it: kvcache-conformance replay {where} [--kv-impl MODULE:FACTORY]")
     if isinstance(failure, NonConformance) and failure.args:
         failure.args = (f"{failure.args[0]}{pointer}", *failure.args[1:])
     elif hasattr(failure, "add_note"):
@@ -192,6 +197,7 @@ class PropertyRun:
 
     def __init__(self, node: Any, trace_dir: Path | None) -> None:
         self.node, self.trace_dir = node, trace_dir
+        self.property_id = canonical(node.nodeid)  # keys its examples; the same from a clone and installed
         self.adapter, self.spec = selection.selected(), selection.selected_spec()
         self.numbers = selection.oracle_numbers()
         self.required: tuple[str, ...] = ()
@@ -219,11 +225,11 @@ class PropertyRun:
         narrowed = known_failures.family_rules(self.node)
         for suffix, old in former.items():  # what was saved under the former ids, replayed by the property now
             if suffix not in known:
-                self._replay_saved(machine, f"{self.node.nodeid}[{suffix}]", old, left_out | {
+                self._replay_saved(machine, f"{self.property_id}[{suffix}]", old, left_out | {
                     rule for (part, rule) in narrowed if part == suffix})
         for suffix, entry in known.items():
             self._known_part(machine, suffix, former[suffix], entry, left_out)
-        result = self._search(machine, self.node.nodeid, searched, left_out)
+        result = self._search(machine, self.property_id, searched, left_out)
         causes = self._causes(machine, searched, left_out, result, hunt=MAX_CAUSES)
         if causes:
             raise causes[0][1]
@@ -241,7 +247,7 @@ class PropertyRun:
         narrowed = known_failures.family_rules(self.node)
         for name, entry in [*left_out.items(), *((rule, entry) for (_, rule), entry in narrowed.items())]:
             if name not in rules:
-                raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.node.nodeid} runs the "
+                raise pytest.UsageError(f"{known_failures.OPTION} {entry.where}: {self.property_id} runs the "
                                         f"{machine} machine, which has no rule {name!r}; its rules: "
                                         f"{', '.join(sorted(rules))}")
         if known_failures.former_ids(self.node):
@@ -275,7 +281,7 @@ class PropertyRun:
                     or len(found) >= hunt or time.monotonic() - started > CAUSE_SECONDS):
                 break
             left_out |= {rule}
-            result = self._search(machine, self.node.nodeid, parameters, left_out)
+            result = self._search(machine, self.property_id, parameters, left_out)
         causes = list(found.values())
         if causes:
             first_cause, failure = causes[0]
@@ -322,7 +328,7 @@ class PropertyRun:
     def _known_part(self, machine: str, suffix: str, parameters: dict[str, Any], entry: known_failures.Entry,
                     left_out: frozenset[str]) -> None:
         """A former part expected to fail: run on its own; its failure is known, its passing an error (strict)."""
-        result = run_machine(machine, self.adapter, property_id=f"{self.node.nodeid}[{suffix}]",
+        result = run_machine(machine, self.adapter, property_id=f"{self.property_id}[{suffix}]",
                              parameters=parameters, requires=self.required, numbers=self.numbers,
                              trace_dir=self.trace_dir, spec=self.spec, disabled_rules=left_out)
         if result.failure is None:

@@ -1,10 +1,11 @@
 """Which implementation is under test: resolved once, in this one place.
 
-``--kv-impl module:factory`` wins over ``KVCACHE_IMPL=module:factory``; the
-default is the reference implementation. ``conftest.py`` calls ``configure``
-in every pytest process (xdist workers included, as they get the same
-options and environment); code outside pytest gets the same answer from
-``selected()``.
+``--kv-impl module:factory`` wins over ``KVCACHE_IMPL=module:factory``; in a
+clone of the suite's repository the default is its reference implementation,
+and an installed suite has none (it must be told). The plugin calls
+``configure`` in every pytest process that runs the suite (xdist workers
+included, as they get the same options and environment); code outside pytest
+gets the same answer from ``selected()``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from pathlib import Path
 
 from ..oracle import FLOAT64, NumberSystem, mpmath_precision
 from ..protocol.declarations import (
@@ -26,6 +28,7 @@ from ..protocol.kinds import Capability
 from ..protocol.layer import KvCacheAdapter
 
 ENV_VAR = "KVCACHE_IMPL"
+CHECKOUT = Path(__file__).resolve().parents[2]  # a clone's root (properties/run/selection.py); else site-packages
 OPTION = "--kv-impl"
 DEFAULT_SPEC = "impl.conformance:make_adapter"
 ORACLES = ("float64", "mpmath")
@@ -40,8 +43,14 @@ class AdapterLoadError(RuntimeError):
 
 
 def spec_from(option: str | None) -> str:
-    """The implementation spec: the option, else the environment, else the default."""
-    return option or os.environ.get(ENV_VAR) or DEFAULT_SPEC
+    """The implementation spec: the option, else the environment, else the reference (in a clone only)."""
+    spec = option or os.environ.get(ENV_VAR)
+    if spec:
+        return spec
+    if not (CHECKOUT / "impl" / "conformance.py").is_file():
+        raise AdapterLoadError(f"no implementation named: pass {OPTION} MODULE:FACTORY or set {ENV_VAR} "
+                               "(docs/adapters.md; the reference implementation is in the suite's repository only)")
+    return DEFAULT_SPEC
 
 
 def load_adapter(spec: str) -> KvCacheAdapter:

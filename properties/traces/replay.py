@@ -1,11 +1,11 @@
 """Replay counterexample traces against any implementation, step by step.
 
-    python -m properties.replay TRACE.json [TRACE.json ...] [--kv-impl MODULE:FACTORY] [--oracle mpmath]
-    python -m kvcache_conformance.replay ...    (the same, installed)
+    kvcache-conformance replay TRACE.json [TRACE.json ...] [--kv-impl MODULE:FACTORY] [--oracle mpmath]
+    python -m kvcache_conformance.replay ...   (the same; python -m properties.replay in a clone)
 
 The recorded values go back into the same rules of the same machine, now
 driving the selected implementation (``--kv-impl``, else ``KVCACHE_IMPL``,
-else the reference); the machine recomputes what the specification expects
+else the reference in a clone); the machine recomputes what the specification expects
 from the oracle, as in the original run. Each step's outcome is printed; at
 the first divergence, what differed: the error kind expected and got, or the
 worst error with its batch, head, position and feature, and the tolerance.
@@ -140,7 +140,7 @@ def describe(expectation: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="kvcache-conformance replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
     parser.add_argument(selection.OPTION, dest="kv_impl", default=None, metavar="MODULE:FACTORY",
                         help=f"implementation to replay against (default: ${selection.ENV_VAR} or "
