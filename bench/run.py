@@ -33,7 +33,7 @@
 - storage: the quantized reference adapters (fp8 per-tensor frozen, int8
   per-channel recomputed, float16) on 400 random layers: error / the
   storage rule's tolerance, error / (k x naive), and the floor it takes.
-- traces: every trace of ``tests/regressions`` replayed against the mutant
+- traces: every trace of ``properties/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
 """
@@ -276,7 +276,7 @@ def bench_traces() -> None:
     print("regression traces: replay against the recording mutant, then the reference (median of 3 each)")
     print(f"{'trace':58} {'steps':>5} {'diverges at':>11} {'mutant s':>9} {'reference s':>11}")
     rows = []
-    for path in sorted((ROOT / "tests" / "regressions").glob("*.json")):
+    for path in sorted((ROOT / "properties" / "regressions").glob("*.json")):
         document = trace.load(path)
         name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-")
         mutant = selection.load_adapter(build(next(m for m in MUTANTS if m.name == name), directory))
