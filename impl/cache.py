@@ -54,7 +54,7 @@ class LayerKvCache:
     """
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
-                 storage: StorageRule | None = None) -> None:
+                 storage: StorageRule | None = None, truncates_until_full: bool = False) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
@@ -87,6 +87,7 @@ class LayerKvCache:
         self._next_position = 0  # absolute position of the next row
         self._first_held = 0  # index of the oldest row still held (a window evicts; truncation cannot undo it)
         self.batch_size, self.capacity, self.window, self.slots = batch_size, capacity, window, slots
+        self.truncates_until_full = truncates_until_full  # a window cache refusing truncation once length >= W
         self.model_width, self.heads = layer.model_width, layer.heads
         self.kv_heads, self.head_width = layer.kv_heads, layer.head_width
         self._parameters = layer.parameters  # the objects themselves: identity
@@ -154,12 +155,16 @@ class LayerKvCache:
 
         ``length`` must be an int in ``[0, self.length]`` (``self.length``: a no-op).
         With a window, the rows the next row will see must still be held:
-        truncation never brings an evicted row back. Nothing changes on a rejection.
+        truncation never brings an evicted row back; with ``truncates_until_full``, a cache that holds W
+        rows or more refuses every truncation. Nothing changes on a rejection.
         """
         if not isinstance(length, (int, np.integer)) or isinstance(length, (bool, np.bool_)) \
                 or not 0 <= length <= self._length:
             raise InvalidLength(length, self._length)
         length = int(length)
+        if self.window is not None and self.truncates_until_full and self._length >= self.window:
+            oldest = self._next_position - self._length + self._first_held
+            raise RowsEvicted(length, self._next_position - self._length + max(0, length - self.window + 1), oldest)
         if self.window is not None:
             needed = max(0, length - self.window + 1)  # the oldest row a query at the new end sees
             if needed < length and self._first_held > needed:

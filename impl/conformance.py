@@ -193,6 +193,22 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
         return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule)
 
 
+class WindowUntilFullAdapter(ReferenceAdapter):
+    """The reference whose window caches truncate only while they hold fewer than W rows, and refuse with
+    ``evicted`` from then on (transformers' DynamicSlidingWindowLayer without recording), declared."""
+
+    name = f"{ReferenceAdapter.name}[window truncates until full]"
+    capabilities = ReferenceAdapter.capabilities | {"window_truncates_until_full"}
+
+    def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                     window: int | None = None) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, truncates_until_full=window is not None)
+
+
+def make_window_until_full_adapter() -> WindowUntilFullAdapter:
+    return WindowUntilFullAdapter()
+
+
 def make_fp8_adapter() -> QuantizedReferenceAdapter:
     """float8_e4m3fn with one scale per tensor, frozen at the first update (transformers' fp8 rule)."""
     return QuantizedReferenceAdapter(StorageRule("float8_e4m3fn", "per_tensor", "frozen"))

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
 from impl.cache import LayerKvCache
-from impl.conformance import ReferenceAdapter
+from impl.conformance import ReferenceAdapter, WindowUntilFullAdapter
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
 
@@ -206,6 +206,8 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "limits-small": lambda: Declared("limits-small", REFERENCE, SmallOnly(), layer_limits={
         "max_heads": 1, "max_batch": 1, "max_capacity": 5, "max_model_width": 3, "max_rotary_width": 2,
         "min_window": 2}),
+    "window-truncates-until-full": lambda: Declared("window-truncates-until-full", REFERENCE | {
+        "window_truncates_until_full"}, WindowUntilFullAdapter()),
     "mixed-rope-float32": lambda: Declared("mixed-rope-float32", {"rope_interleaved"}, make_float32_rope_adapter(),
                                            mixed_precision={"rope": "float32"}),
     "mixed-softmax-float32": lambda: Declared("mixed-softmax-float32", {"rope_interleaved"},
@@ -239,6 +241,12 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                                      "unexpected exception"),
     "limits-small-undeclared": (lambda: Declared("twin-small", REFERENCE, SmallOnly()), "layer_cache", {},
                                 "unexpected exception"),
+    "window-truncates-until-full-undeclared": (
+        lambda: Declared("twin-window-until-full", REFERENCE, WindowUntilFullAdapter()), "cache_operations",
+        {"windowed": True}, "expected success, got evicted"),
+    "window-truncates-until-full-claimed-by-the-reference": (
+        lambda: Declared("twin-claims-until-full", REFERENCE | {"window_truncates_until_full"}), "cache_operations",
+        {"windowed": True}, "expected evicted, got success"),
     "mixed-rope-float32-undeclared": (
         lambda: Declared("twin-rope-float32", {"float64", "rope_interleaved"}, make_float32_rope_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),

@@ -282,6 +282,18 @@ MUTANTS = (
     Mutant("truncate_window_revives_evicted", "cache.py",
            (("            if needed < length and self._first_held > needed:", "            if False:"),),
            "a window cache truncates past its oldest held row, as if evicted rows came back", "window cache"),
+    # -- a window truncating only until it is full (window_truncates_until_full, #18) --
+    Mutant("until_full_refuses_one_row_late", "cache.py",
+           (("self.truncates_until_full and self._length >= self.window:",
+             "self.truncates_until_full and self._length > self.window:"),),
+           "declares truncation until the window is full, but truncates once more at exactly W rows",
+           "window cache", factory="make_window_until_full_adapter"),
+    Mutant("until_full_refuses_after_cutting", "cache.py",
+           (("        if self.window is not None and self.truncates_until_full and self._length >= self.window:\n",
+             "        if self.window is not None and self.truncates_until_full and self._length >= self.window:\n"
+             "            self._length = self._next_position = length\n"),),
+           "refuses a truncation of a full window with evicted, after cutting its length (write then raise)",
+           "window cache", factory="make_window_until_full_adapter"),
     Mutant("reorder_values_forgotten", "cache.py",
            (("        self._values[...] = self._values[gather]\n", ""),),
            "reorders the keys of the batch but not the values", "cache operations"),

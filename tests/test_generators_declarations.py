@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.conformance import ReferenceAdapter
+from impl.conformance import ReferenceAdapter, WindowUntilFullAdapter
 from kvcache_conformance import generate as g
 from kvcache_conformance.generate.needs import LAYER_CONVENTION, Needs
 from kvcache_conformance.machines.layer import LayerCacheMachine
 from kvcache_conformance.protocol.declarations import LayerLimits
 from kvcache_conformance.protocol.kinds import declared
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
 
 FAST = settings(max_examples=60, database=None, deadline=None)
 REFERENCE = declared(ReferenceAdapter.capabilities)
@@ -122,3 +124,20 @@ def test_the_gate_names_what_is_missing_and_passes_what_applies() -> None:
     tied: Any = type("Tied", (ReferenceAdapter,), {"layer_limits": {"max_heads": 1}})()
     assert "can build no layer" in (Needs.of("gqa", families=((None, True),)).problem(tied) or "")
     assert "does not declare decode_session" in (Needs.of("decode_session").problem(paged_only) or "")
+
+
+def test_the_window_run_truncates_full_windows_of_a_cache_that_truncates_until_full() -> None:
+    """window_truncates_until_full is judged where it matters: the windowed run truncates caches that hold W
+    rows or more (refused), and caches that hold fewer (done)."""
+    seen: set[str] = set()
+
+    class Counting(WindowUntilFullAdapter):
+        def truncate(self, cache: Any, n: Any) -> None:
+            seen.add("full" if cache.length >= cache.window else "not full")
+            super().truncate(cache, n)
+
+    result = run_machine("cache_operations", Counting(), property_id="generators-until-full",
+                         parameters={"windowed": True},
+                         settings=profiles.settings_for("ci", max_examples=30, database=None))
+    assert result.failure is None, result.failure
+    assert seen == {"full", "not full"}

@@ -89,12 +89,17 @@ class CacheOperationsMachine(LayerSteps):
     def truncate(self, data: Draws) -> None:
         """Keep the first n rows: the next row goes at position n. An invalid n is INVALID_LENGTH (where
         claimed). A window cache must truncate wherever it still shows every row the next query sees; where
-        it does not, it may refuse with EVICTED (nothing changed) or succeed exactly."""
+        it does not, it may refuse with EVICTED (nothing changed) or succeed exactly. Declared
+        window_truncates_until_full: it truncates while it holds fewer than W rows, and refuses every
+        truncation with EVICTED from then on."""
         n = data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
         problem = g.length_problem(n, len(self.model.rows))  # of this state: a replayed n may land elsewhere
+        until_full = Capability.WINDOW_TRUNCATES_UNTIL_FULL
         if problem is not None:
             due = Due.check(problem)
+        elif self.window is not None and self.has(until_full) and len(self.model.rows) >= self.window:
+            due = Due.check(ErrorKind.EVICTED, until_full.value)
         elif self.window is not None and not self._shows_rows_for(int(n)):  # type: ignore[call-overload]
             due = Due(may_refuse=ErrorKind.EVICTED)
         else:

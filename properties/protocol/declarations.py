@@ -200,6 +200,10 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems.append(f"declares {', '.join(resets)}, which only physical_storage lets the suite observe")
     if {Capability.RESET_KEEPS_BYTES.value, Capability.RESET_ZEROES.value} <= capabilities:
         problems.append("declares reset_keeps_bytes and reset_zeroes: reset cannot both keep and zero the bytes")
+    until_full = Capability.WINDOW_TRUNCATES_UNTIL_FULL.value
+    if until_full in capabilities and not {Capability.TRUNCATE.value, Capability.SLIDING_WINDOW_LAYER.value} <= \
+            capabilities:
+        problems.append(f"declares {until_full} without truncate and sliding_window_layer, which it is about")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
             Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
         problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")

@@ -79,6 +79,9 @@ class Capability(str, Enum):
     BATCH_REORDER = "batch_reorder"  # reorder(cache, indices): gather batch rows (beam search)
     FORK = "fork"  # fork(cache): an independent copy (parallel sampling)
     SLIDING_WINDOW_LAYER = "sliding_window_layer"  # create_cache(..., window=W); snapshots name positions
+    # A window cache that truncates only until it has held W rows, then refuses every truncation with EVICTED
+    # (transformers' DynamicSlidingWindowLayer without recording): judged exactly, both ways.
+    WINDOW_TRUNCATES_UNTIL_FULL = "window_truncates_until_full"
     VALIDATES_LENGTH = "validates_length"  # truncate rejects an invalid n with invalid_length
     VALIDATES_INDICES = "validates_indices"  # reorder rejects invalid indices with invalid_indices
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)
