@@ -54,7 +54,8 @@ class LayerKvCache:
     """
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
-                 storage: StorageRule | None = None, truncates_until_full: bool = False) -> None:
+                 storage: StorageRule | None = None, truncates_until_full: bool = False,
+                 keeps_every_row: bool = False) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
@@ -66,7 +67,9 @@ class LayerKvCache:
             raise ZeroCapacity()
         if capacity > layer.rope.max_positions:
             raise CapacityExceedsPositions(capacity, layer.rope.max_positions)
-        slots = capacity if window is None else min(capacity, window)
+        # A window is a ring of min(C, W) slots; ``keeps_every_row``: C slots, the window a mask only (what a
+        # cache that never evicts shows: more rows than the next query sees, which docs/spec.md allows).
+        slots = capacity if window is None or keeps_every_row else min(capacity, window)
         shape = (batch_size, layer.kv_heads, slots, layer.head_width)
         elements = batch_size * layer.kv_heads * slots * layer.head_width
         if elements * 8 > _MAX_BYTES:

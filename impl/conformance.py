@@ -209,6 +209,24 @@ def make_window_until_full_adapter() -> WindowUntilFullAdapter:
     return WindowUntilFullAdapter()
 
 
+class KeepsEveryRowAdapter(ReferenceAdapter):
+    """The reference whose window caches and sessions never evict: C slots, the window a mask only. They show
+    more rows than the next query sees (docs/spec.md §9.1, §13.5 allow it), and nothing needs declaring."""
+
+    name = f"{ReferenceAdapter.name}[keeps every row]"
+
+    def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                     window: int | None = None) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, keeps_every_row=True)
+
+    def create_session(self, decoder: Decoder, capacity: int) -> DecodeSession:
+        return DecodeSession(decoder, capacity, keeps_every_row=True)
+
+
+def make_keeps_every_row_adapter() -> KeepsEveryRowAdapter:
+    return KeepsEveryRowAdapter()
+
+
 def make_fp8_adapter() -> QuantizedReferenceAdapter:
     """float8_e4m3fn with one scale per tensor, frozen at the first update (transformers' fp8 rule)."""
     return QuantizedReferenceAdapter(StorageRule("float8_e4m3fn", "per_tensor", "frozen"))

@@ -116,9 +116,10 @@ def validate_tokens(tokens: object, vocab: int) -> np.ndarray:
 class DecodeSession:
     """One cache per block of ``model``; steps that commit across all blocks or none."""
 
-    def __init__(self, model: Decoder, capacity: int) -> None:
+    def __init__(self, model: Decoder, capacity: int, keeps_every_row: bool = False) -> None:
         self.model = model
-        self.caches = tuple(LayerKvCache(block, 1, capacity, window=model.window) for block in model.blocks)
+        self.caches = tuple(LayerKvCache(block, 1, capacity, window=model.window, keeps_every_row=keeps_every_row)
+                            for block in model.blocks)
         for block, cache in zip(model.blocks, self.caches):
             cache.check_binding(block)  # once, here; each step re-checks only what can change
         self.capacity = capacity

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
 from impl.cache import LayerKvCache
-from impl.conformance import ReferenceAdapter, WindowUntilFullAdapter
+from impl.conformance import KeepsEveryRowAdapter, ReferenceAdapter, WindowUntilFullAdapter
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
 
@@ -206,6 +206,7 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "limits-small": lambda: Declared("limits-small", REFERENCE, SmallOnly(), layer_limits={
         "max_heads": 1, "max_batch": 1, "max_capacity": 5, "max_model_width": 3, "max_rotary_width": 2,
         "min_window": 2}),
+    "keeps-every-row": lambda: Declared("keeps-every-row", REFERENCE, KeepsEveryRowAdapter()),
     "window-truncates-until-full": lambda: Declared("window-truncates-until-full", REFERENCE | {
         "window_truncates_until_full"}, WindowUntilFullAdapter()),
     "mixed-rope-float32": lambda: Declared("mixed-rope-float32", {"rope_interleaved"}, make_float32_rope_adapter(),

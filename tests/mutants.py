@@ -282,6 +282,19 @@ MUTANTS = (
     Mutant("truncate_window_revives_evicted", "cache.py",
            (("            if needed < length and self._first_held > needed:", "            if False:"),),
            "a window cache truncates past its oldest held row, as if evicted rows came back", "window cache"),
+    # -- sessions over windows: at least the rows the next query sees (docs/spec.md §9.1, #18) --
+    Mutant("session_window_state_drops_a_needed_row", "conformance.py",
+           (("        return tuple(BlockRows(c.keys()[0], c.values()[0], c.positions()) for c in session.caches)",
+             "        cut = 2 if session.model.window is not None else 0  # the oldest two held rows left out\n"
+             "        return tuple(BlockRows(c.keys()[0][:, cut:], c.values()[0][:, cut:], c.positions()[cut:])\n"
+             "                     for c in session.caches)"),),
+           "a windowed session's state leaves out the two oldest rows held: one the next query sees", "session"),
+    Mutant("session_window_state_positions_shifted", "conformance.py",
+           (("        return tuple(BlockRows(c.keys()[0], c.values()[0], c.positions()) for c in session.caches)",
+             "        shift = 1 if session.model.window is not None else 0\n"
+             "        return tuple(BlockRows(c.keys()[0], c.values()[0], c.positions() + shift)\n"
+             "                     for c in session.caches)"),),
+           "a windowed session's state names each held row by the position after its own", "session"),
     # -- a window truncating only until it is full (window_truncates_until_full, #18) --
     Mutant("until_full_refuses_one_row_late", "cache.py",
            (("self.truncates_until_full and self._length >= self.window:",

@@ -113,3 +113,19 @@ def read_snapshot(adapter: Any, cache: Any, what: str, *, physical: bool, positi
         raise NonConformance(f"{what}: a sliding-window cache's snapshot must give the held rows' positions as a 1-D "
                              f"integer array, got {result.positions!r}", kind="malformed snapshot")
     return result
+
+
+def window_positions(positions: Sequence[int], length: int, window: int, what: str) -> None:
+    """The rows a window cache (or a session's block) shows, docs/spec.md §9.1 and §13.5: increasing positions
+    of rows fed, with at least every row the next query sees (``length - window + 1 .. length - 1``); older
+    rows besides are allowed, never required (no query sees them again)."""
+    __tracebackhide__ = True
+    shown = list(positions)
+    if shown != sorted(set(shown)) or any(not 0 <= p < length for p in shown):
+        raise NonConformance(f"{what} shows rows at positions {shown}: not increasing positions of rows fed "
+                             f"(0 .. {length - 1})", kind="window: wrong positions", check="held positions")
+    missing = sorted(set(range(max(0, length - window + 1), length)) - set(shown))
+    if missing:
+        raise NonConformance(f"{what} of {length} rows (window {window}) shows positions {shown}, without "
+                             f"{missing}, which the next row attends to",
+                             kind="window: rows the next row sees are missing", check="held positions")

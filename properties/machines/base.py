@@ -19,7 +19,7 @@ from hypothesis import note, target
 
 from ..generate.needs import Needs
 from ..judge.calls import Inputs, call
-from ..judge.checks import expect_success
+from ..judge.checks import expect_success, window_positions
 from ..judge.failures import NonConformance
 from ..judge.policy import VALID, Due, Judged, Observed, judge_call
 from ..judge.tolerance import Judge, Reference
@@ -113,14 +113,19 @@ def observed_blocks(blocks: Sequence[BlockState], prefix: str = "") -> dict[str,
 
 def blocks_match_oracle(blocks: Sequence[BlockState], trace: Reference[DecoderTrace] | None, window: int | None,
                         tokens: int, judge: Judge, what: str) -> None:
-    """Each block holds the oracle's rows for the last ``window`` (or all) positions, with those positions."""
+    """Each block holds the oracle's rows: every position, or with a window at least the ones the next query sees
+    (older ones allowed, docs/spec.md §9.1), each at its position."""
     __tracebackhide__ = True
-    held = np.arange(max(0, tokens - window) if window else 0, tokens)
     for block, state in enumerate(blocks):
-        if state.positions.shape != held.shape or not np.array_equal(state.positions, held):
-            raise NonConformance(f"{what}: block {block} holds positions {state.positions.tolist()}, "
-                                 f"but should hold {held.tolist()}", kind="held rows at wrong positions",
-                                 check="held positions")
+        if window:
+            window_positions(np.asarray(state.positions).tolist(), tokens, window, f"{what}: block {block}")
+            held = np.asarray(state.positions, dtype=np.int64)
+        else:
+            held = np.arange(tokens)
+            if state.positions.shape != held.shape or not np.array_equal(state.positions, held):
+                raise NonConformance(f"{what}: block {block} holds positions {state.positions.tolist()}, "
+                                     f"but should hold {held.tolist()}", kind="held rows at wrong positions",
+                                     check="held positions")
         if trace is None:
             continue
         for name in ("keys", "values"):

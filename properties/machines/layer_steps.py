@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from .. import generate as g
 from ..generate.needs import LAYER_CONVENTION, Alternatives, Needs
 from ..judge.calls import Inputs
-from ..judge.checks import read_snapshot
+from ..judge.checks import read_snapshot, window_positions
 from ..judge.failures import NonConformance
 from ..judge.policy import VALID, Due, Expect, Judged, Observed, unchanged
 from ..oracle import FLOAT64, AttentionWeights, NumberSystem, RopeConfig
@@ -485,16 +485,7 @@ class LayerSteps(ConformanceMachine):
         model, window = self.model, self.window
         assert window is not None
         positions = snapshot.positions.tolist()  # type: ignore[union-attr]
-        needed = list(range(max(0, len(model.rows) - window + 1), len(model.rows)))
-        if positions != sorted(set(positions)) or any(not 0 <= p < len(model.rows) for p in positions):
-            raise NonConformance(f"window cache shows rows at positions {positions}: not increasing positions of "
-                                 f"rows fed (0 .. {len(model.rows) - 1})", kind="window: wrong positions",
-                                 check="held positions")
-        missing = sorted(set(needed) - set(positions))
-        if missing:
-            raise NonConformance(f"window cache of {len(model.rows)} rows (window {window}) shows positions "
-                                 f"{positions}, without {missing}, which the next row attends to",
-                                 kind="window: rows the next row sees are missing", check="held positions")
+        window_positions(positions, len(model.rows), window, "window cache")
         held, held_keys = self.oracle.held(model), self.oracle.held_keys(model)
         for name, actual, reference in (("keys", snapshot.keys, held_keys), ("values", snapshot.values, held)):
             shape = (model.batch_size, self.config.weights.kv_heads, len(positions), self.config.weights.head_width)
