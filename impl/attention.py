@@ -147,7 +147,7 @@ class AttentionLayer:
             _require_finite(NonFiniteAttention, "rotated query", query)
             stored_keys, stored_values, stored_positions = cache.held_rows(oldest_first=False)  # [B, KV, n, dh]
             mixed = _attend(query, key, value, positions, stored_keys, stored_values, stored_positions,
-                            window=cache.window)  # [B, T, H*dh]
+                            window=cache.window, sinks=cache.sinks)  # [B, T, H*dh]
             output = mixed @ self.wo.value  # [B, T, D]
             _require_finite(NonFiniteAttention, "attention output", output)
         return PreparedRows(output=output, keys=key, values=value)
@@ -185,8 +185,9 @@ QUERY_BLOCK = 128  # new rows per tile: a tile scores only the keys it can see, 
 
 def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np.ndarray,
             stored_keys: np.ndarray, stored_values: np.ndarray, stored_positions: np.ndarray,
-            window: int | None) -> np.ndarray:
-    """New query rows over the stored rows plus the new rows, causally (and within ``window``).
+            window: int | None, sinks: int = 0) -> np.ndarray:
+    """New query rows over the stored rows plus the new rows, causally (and within ``window``, besides the first
+    ``sinks`` positions, which every later query sees: attention sinks).
 
     ``query [B, H, T, dh]``, ``key``/``value [B, KV, T, dh]`` at ``positions [T]``;
     stored ``[B, KV, n, dh]`` at ``stored_positions [n]``. Returns ``[B, T, H*dh]``.
@@ -198,10 +199,11 @@ def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np
     tiles = []
     for first in range(0, tokens, QUERY_BLOCK):
         last = min(first + QUERY_BLOCK, tokens)
-        oldest = 0 if window is None else max(0, first - window + 1)  # earlier new rows are out of every window
+        # earlier new rows are out of every window (unless some are sinks: then keep them all, the mask decides)
+        oldest = 0 if window is None or sinks else max(0, first - window + 1)
         tiles.append(_attend_tile(grouped[:, :, :, first:last], positions[first:last], key[:, :, oldest:last],
                                   value[:, :, oldest:last], positions[oldest:last], stored_keys, stored_values,
-                                  stored_positions, window))
+                                  stored_positions, window, sinks))
     mixed = tiles[0] if len(tiles) == 1 else np.concatenate(tiles, axis=3)  # [B, KV, G, T, dh]
     merged: np.ndarray = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, -1)
     return merged
@@ -209,7 +211,7 @@ def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np
 
 def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, value: np.ndarray,
                  key_positions_new: np.ndarray, stored_keys: np.ndarray, stored_values: np.ndarray,
-                 stored_positions: np.ndarray, window: int | None) -> np.ndarray:
+                 stored_positions: np.ndarray, window: int | None, sinks: int = 0) -> np.ndarray:
     """``query [B, KV, G, t, dh]`` at ``positions [t]`` over stored and new keys; ``[B, KV, G, t, dh]``.
 
     Query heads of a group and tile rows share one axis (``G*t``) so that every
@@ -225,13 +227,14 @@ def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, valu
         scores = new_scores  # a fresh array either way: the steps below work in place
     scores /= math.sqrt(dh)
     scores = scores.reshape(batch, kv_heads, group, rows, -1)  # [B, KV, G, t, n + k]
-    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)
+    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window, sinks)
     if window is None:  # every key before the tile is visible: only the tile's own square can be masked
         own = scores[..., -rows:]  # [B, KV, G, t, t]
         np.copyto(own, -np.inf, where=key_positions_new[None, -rows:] > positions[:, None])
     else:
         key_positions = np.concatenate([stored_positions, key_positions_new])  # [n + k]
-        hidden = (key_positions[None, :] > positions[:, None]) | (key_positions[None, :] <= positions[:, None] - window)
+        outside = (key_positions[None, :] <= positions[:, None] - window) & (key_positions[None, :] >= sinks)
+        hidden = (key_positions[None, :] > positions[:, None]) | outside
         np.copyto(scores, -np.inf, where=hidden)
     weights = _softmax(scores).reshape(batch, kv_heads, group * rows, -1)  # [B, KV, G*t, n + k]
     mixed: np.ndarray = weights[..., :stored] @ stored_values + weights[..., stored:] @ value  # [B, KV, G*t, dh]
@@ -247,7 +250,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def _require_finite_scores(scores: np.ndarray, positions: np.ndarray, stored_positions: np.ndarray,
-                           key_positions_new: np.ndarray, window: int | None) -> None:
+                           key_positions_new: np.ndarray, window: int | None, sinks: int = 0) -> None:
     """Every score of a key the query can see is finite; ``scores [B, KV, G, t, n + k]``, before masking.
 
     A masked key's score (a later row of the chunk, or one out of the window)
@@ -260,7 +263,7 @@ def _require_finite_scores(scores: np.ndarray, positions: np.ndarray, stored_pos
     key_positions = np.concatenate([stored_positions, key_positions_new])  # [n + k]
     visible = key_positions[None, :] <= positions[:, None]  # [t, n + k]
     if window is not None:
-        visible &= key_positions[None, :] > positions[:, None] - window
+        visible &= (key_positions[None, :] > positions[:, None] - window) | (key_positions[None, :] < sinks)
     bad = ~finite & visible
     if bad.any():
         index = int(np.argmax(bad.ravel()))

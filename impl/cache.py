@@ -55,12 +55,14 @@ class LayerKvCache:
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
                  storage: StorageRule | None = None, truncates_until_full: bool = False,
-                 keeps_every_row: bool = False) -> None:
+                 keeps_every_row: bool = False, sinks: int = 0) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
             raise InvalidCacheArgument("window", window)
+        if not isinstance(sinks, int) or isinstance(sinks, bool) or sinks < 0 or (sinks and window is None):
+            raise InvalidCacheArgument("sinks", sinks)
         if batch_size == 0:
             raise ZeroBatchSize()
         if capacity == 0:
@@ -69,7 +71,8 @@ class LayerKvCache:
             raise CapacityExceedsPositions(capacity, layer.rope.max_positions)
         # A window is a ring of min(C, W) slots; ``keeps_every_row``: C slots, the window a mask only (what a
         # cache that never evicts shows: more rows than the next query sees, which docs/spec.md allows).
-        slots = capacity if window is None or keeps_every_row else min(capacity, window)
+        # With attention sinks the reference keeps every row too (the first ``sinks`` stay visible forever).
+        slots = capacity if window is None or keeps_every_row or sinks else min(capacity, window)
         shape = (batch_size, layer.kv_heads, slots, layer.head_width)
         elements = batch_size * layer.kv_heads * slots * layer.head_width
         if elements * 8 > _MAX_BYTES:
@@ -91,6 +94,7 @@ class LayerKvCache:
         self._first_held = 0  # index of the oldest row still held (a window evicts; truncation cannot undo it)
         self.batch_size, self.capacity, self.window, self.slots = batch_size, capacity, window, slots
         self.truncates_until_full = truncates_until_full  # a window cache refusing truncation once length >= W
+        self.sinks = sinks  # the first positions every later query sees besides its window (StreamingLLM)
         self.model_width, self.heads = layer.model_width, layer.heads
         self.kv_heads, self.head_width = layer.kv_heads, layer.head_width
         self._parameters = layer.parameters  # the objects themselves: identity

@@ -69,8 +69,8 @@ class ReferenceAdapter(PagedReferenceMethods):
         "creation_errors", "gqa", "rope_interleaved", "rope_half_split", "partial_rotary",
         "physical_storage", "reset_keeps_bytes", "positionless", "decode_session", "prefix_store",
         "sliding_window", "positions_sinusoidal", "positions_rope",
-        "chunked_append", "truncate", "batch_reorder", "fork", "sliding_window_layer", "validates_length",
-        "validates_indices", "paged_prefix_sharing",
+        "chunked_append", "truncate", "batch_reorder", "fork", "sliding_window_layer", "attention_sinks",
+        "validates_length", "validates_indices", "paged_prefix_sharing",
     })
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
@@ -89,8 +89,8 @@ class ReferenceAdapter(PagedReferenceMethods):
             parameter.assign(values)
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                     window: int | None = None) -> LayerKvCache:
-        return LayerKvCache(layer, batch_size, capacity, window)
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, sinks=sinks)
 
     def step(self, layer: AttentionLayer, cache: LayerKvCache, x: np.ndarray) -> np.ndarray:
         return layer.forward_incremental(x, cache)
@@ -189,8 +189,8 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
         self.name = f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]"
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                     window: int | None = None) -> LayerKvCache:
-        return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule)
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule, sinks=sinks)
 
 
 class WindowUntilFullAdapter(ReferenceAdapter):
@@ -201,8 +201,9 @@ class WindowUntilFullAdapter(ReferenceAdapter):
     capabilities = ReferenceAdapter.capabilities | {"window_truncates_until_full"}
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                     window: int | None = None) -> LayerKvCache:
-        return LayerKvCache(layer, batch_size, capacity, window, truncates_until_full=window is not None)
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, truncates_until_full=window is not None,
+                            sinks=sinks)
 
 
 def make_window_until_full_adapter() -> WindowUntilFullAdapter:
@@ -216,8 +217,8 @@ class KeepsEveryRowAdapter(ReferenceAdapter):
     name = f"{ReferenceAdapter.name}[keeps every row]"
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                     window: int | None = None) -> LayerKvCache:
-        return LayerKvCache(layer, batch_size, capacity, window, keeps_every_row=True)
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, keeps_every_row=True, sinks=sinks)
 
     def create_session(self, decoder: Decoder, capacity: int) -> DecodeSession:
         return DecodeSession(decoder, capacity, keeps_every_row=True)

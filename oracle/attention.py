@@ -10,7 +10,6 @@ cache's contents can be checked as well as its outputs.
 from __future__ import annotations
 
 import operator
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,15 +95,19 @@ class ExactAttention:
 
 
 def causal_attention(rows: list[Vector], weights: AttentionWeights, rope: RopeConfig, *,
-                     window: int | None = None, numbers: NumberSystem = FLOAT64) -> ExactAttention:
+                     window: int | None = None, sinks: int = 0, numbers: NumberSystem = FLOAT64) -> ExactAttention:
     """Causal attention over one sequence ``rows [T][D]`` of ``numbers`` scalars.
 
     Position ``i`` attends to keys ``0..i`` (with a sliding ``window`` W, to
-    ``i-W+1..i``). Scores are ``q . k / sqrt(dh)`` with ``q`` and ``k`` rotated
-    at their own absolute positions.
+    ``i-W+1..i``, and with ``sinks`` S besides to the first S keys,
+    ``0..min(S, i+1)-1``: StreamingLLM's attention sinks). Scores are
+    ``q . k / sqrt(dh)`` with ``q`` and ``k`` rotated at their own absolute
+    positions.
     """
     if window is not None and window < 1:
         raise OracleInputError(f"window must be >= 1, got {window}")
+    if sinks < 0 or (sinks and window is None):
+        raise OracleInputError(f"sinks must be >= 0, and only beside a window; got {sinks} (window {window})")
     kv_heads, dh = weights.kv_heads, weights.head_width
     wq, wk, wv, wo = (_matrix(w, numbers) for w in (weights.wq, weights.wk, weights.wv, weights.wo))
     tokens = len(rows)
@@ -115,28 +118,28 @@ def causal_attention(rows: list[Vector], weights: AttentionWeights, rope: RopeCo
     keys = [[rope_rotate(_head(k_rows[t], g, dh), t, rope, numbers) for t in range(tokens)]
             for g in range(kv_heads)]
     values = [[_head(v_rows[t], g, dh) for t in range(tokens)] for g in range(kv_heads)]
-    outputs = [attend_position(i, q_rows[i], keys, values, weights, rope, window, numbers, wo)
+    outputs = [attend_position(i, q_rows[i], keys, values, weights, rope, window, numbers, wo, sinks)
                for i in range(tokens)]
     return ExactAttention(outputs=outputs, keys=keys, values=values)
 
 
 def attend_position(i: int, q_row: Vector, keys: list[list[Vector]], values: list[list[Vector]],
                     weights: AttentionWeights, rope: RopeConfig, window: int | None, numbers: NumberSystem,
-                    wo: list[Vector]) -> Vector:
+                    wo: list[Vector], sinks: int = 0) -> Vector:
     """The output ``[D]`` at position ``i`` of the query row ``q_row [H*dh]`` (unrotated) over ``keys``
     (rotated) and ``values`` ``[KV][>i][dh]``."""
     heads, dh = weights.heads, weights.head_width
     scale = numbers.sqrt(numbers.number(float(dh)))
     first = 0 if window is None else max(0, i - window + 1)
+    seen = [*range(min(sinks, first)), *range(first, i + 1)]  # the sinks before the window, then the window
     merged: Vector = []  # [H*dh], head h owns features [h*dh, (h+1)*dh)
     for h in range(heads):
         g = h // weights.group_size  # the kv head this query head reads
         q = rope_rotate(_head(q_row, h, dh), i, rope, numbers)
-        scores = [_dot(q, keys[g][j]) / scale for j in range(first, i + 1)]
+        scores = [_dot(q, keys[g][j]) / scale for j in seen]
         attention = softmax(scores, numbers)
         for f in range(dh):
-            merged.append(sum((a * values[g][j][f] for a, j in zip(attention, range(first, i + 1))),
-                              start=attention[0] * 0))
+            merged.append(sum((a * values[g][j][f] for a, j in zip(attention, seen)), start=attention[0] * 0))
     return project(merged, wo)
 
 
@@ -146,6 +149,7 @@ def full_prefix_attention(
     rope: RopeConfig,
     *,
     window: int | None = None,
+    sinks: int = 0,
     numbers: NumberSystem = FLOAT64,
     storage: Storage | None = None,
 ) -> AttentionTrace:
@@ -165,7 +169,7 @@ def full_prefix_attention(
     values = np.empty_like(keys)
     for b in range(batch):
         rows = [[numbers.number(float(v)) for v in x[b, t]] for t in range(tokens)]
-        exact = causal_attention(rows, weights, rope, window=window, numbers=numbers)
+        exact = causal_attention(rows, weights, rope, window=window, sinks=sinks, numbers=numbers)
         outputs[b] = _rounded(exact.outputs, numbers)
         keys[b] = [_rounded(head, numbers) for head in exact.keys]
         values[b] = [_rounded(head, numbers) for head in exact.values]
@@ -179,7 +183,7 @@ def full_prefix_attention(
             seen_keys = [[[numbers.number(float(v)) for v in row] for row in head] for head in stored_keys[b]]
             seen_values = [[[numbers.number(float(v)) for v in row] for row in head] for head in stored_values[b]]
             outputs[b, i] = [numbers.to_float(v) for v in attend_position(
-                i, q_row, seen_keys, seen_values, weights, rope, window, numbers, wo)]
+                i, q_row, seen_keys, seen_values, weights, rope, window, numbers, wo, sinks)]
     stored_keys, stored_values = storage(keys, values)
     return AttentionTrace(outputs=outputs, keys=stored_keys, values=stored_values)
 

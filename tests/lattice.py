@@ -120,6 +120,14 @@ class NoFixedCapacity(ResetByReplacement):
         return Handle(LayerKvCache(layer, batch_size, room, window), layer, window)
 
 
+class SinksIgnored(ReferenceAdapter):
+    """A window cache that takes ``sinks`` and keeps none: a plain window."""
+
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                     sinks: int = 0) -> LayerKvCache:
+        return super().create_cache(layer, batch_size, capacity, window)
+
+
 class TiedGeometry(ReferenceAdapter):
     """Refuses layers whose model width is not heads x head width, or of more than two heads."""
 
@@ -248,6 +256,8 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "window-truncates-until-full-claimed-by-the-reference": (
         lambda: Declared("twin-claims-until-full", REFERENCE | {"window_truncates_until_full"}), "cache_operations",
         {"windowed": True}, "expected evicted, got success"),
+    "sinks-claimed-by-a-plain-window": (lambda: Declared("twin-sinks-ignored", REFERENCE, SinksIgnored()),
+                                        "cache_operations", {"windowed": True}, "window: rows the next row sees"),
     "mixed-rope-float32-undeclared": (
         lambda: Declared("twin-rope-float32", {"float64", "rope_interleaved"}, make_float32_rope_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),

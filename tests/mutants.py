@@ -115,13 +115,13 @@ MUTANTS = (
             ('_require_finite(NonFiniteKeyValue, "projected key", key)', "pass"),
             ('_require_finite(NonFiniteKeyValue, "projected value", value)', "pass"),
             ('_require_finite(NonFiniteAttention, "rotated query", query)', "pass"),
-            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),
+            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window, sinks)\n", ""),
             ('_require_finite(NonFiniteAttention, "attention output", output)', "pass")),
            "no finiteness checks at all: NaN rows are committed"),
     Mutant("output_checked_after_commit", "attention.py",
            (('            _require_finite(NonFiniteAttention, "rotated query", query)\n', ""),
             # a non-finite query makes its own score non-finite: the score check would stand in for it
-            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),
+            ("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window, sinks)\n", ""),
             ('            _require_finite(NonFiniteAttention, "attention output", output)\n', ""),
             ("        self._validate_request(x, cache)\n        prepared = self.prepare(x, cache)\n"
              "        cache.commit(prepared.keys, prepared.values)\n        return prepared.output",
@@ -210,7 +210,8 @@ MUTANTS = (
            "a prefill checks the free capacity before its tokens: full and invalid reports full", "session"),
     # -- non-finite scores: a visible key's score must be finite (a -inf among finite scores weighs 0) --
     Mutant("score_only_overflow_unchecked", "attention.py",
-           (("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window)\n", ""),),
+           (("    _require_finite_scores(scores, positions, stored_positions, key_positions_new, window, sinks)\n",
+             ""),),
            "no check of the scores: a row whose own score overflows to -inf beside finite ones is committed"),
     # -- malformed inputs, one check at a time, in the documented order (dtype first) --
     Mutant("float32_silently_cast", "attention.py",
@@ -295,6 +296,13 @@ MUTANTS = (
              "        return tuple(BlockRows(c.keys()[0], c.values()[0], c.positions() + shift)\n"
              "                     for c in session.caches)"),),
            "a windowed session's state names each held row by the position after its own", "session"),
+    # -- attention sinks beside a window (attention_sinks, #18) --
+    Mutant("sinks_not_visible", "attention.py",
+           (("& (key_positions[None, :] >= sinks)", "& (key_positions[None, :] >= 0)"),),
+           "a window cache with sinks masks the sink rows like any row out of the window", "window cache"),
+    Mutant("sinks_one_too_many", "attention.py",
+           (("& (key_positions[None, :] >= sinks)", "& (key_positions[None, :] > sinks)"),),
+           "the first S + 1 positions stay visible, not the first S", "window cache"),
     # -- a window truncating only until it is full (window_truncates_until_full, #18) --
     Mutant("until_full_refuses_one_row_late", "cache.py",
            (("self.truncates_until_full and self._length >= self.window:",

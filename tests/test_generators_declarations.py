@@ -141,3 +141,27 @@ def test_the_window_run_truncates_full_windows_of_a_cache_that_truncates_until_f
                          settings=profiles.settings_for("ci", max_examples=30, database=None))
     assert result.failure is None, result.failure
     assert seen == {"full", "not full"}
+
+
+def test_window_caches_are_drawn_with_sinks_only_where_declared() -> None:
+    drawn: dict[bool, set[int]] = {True: set(), False: set()}
+
+    class Recording(ReferenceAdapter):
+        declares = True
+
+        def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                         **sinks: int) -> Any:
+            if window is not None:
+                drawn[self.declares].add(sinks.get("sinks", 0))
+            return super().create_cache(layer, batch_size, capacity, window, **sinks)
+
+    class Undeclared(Recording):
+        declares = False
+        capabilities = ReferenceAdapter.capabilities - {"attention_sinks"}
+
+    for adapter in (Recording(), Undeclared()):
+        result = run_machine("cache_operations", adapter, property_id="generators-sinks",
+                             parameters={"windowed": True},
+                             settings=profiles.settings_for("ci", max_examples=30, database=None))
+        assert result.failure is None, result.failure
+    assert drawn == {True: {0, 1, 2}, False: {0}}

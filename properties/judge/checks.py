@@ -115,17 +115,25 @@ def read_snapshot(adapter: Any, cache: Any, what: str, *, physical: bool, positi
     return result
 
 
-def window_positions(positions: Sequence[int], length: int, window: int, what: str) -> None:
+def seen_by_next(length: int, window: int, sinks: int = 0) -> list[int]:
+    """The positions of the rows a query at ``length`` sees besides its own: the window's
+    ``length - window + 1 .. length - 1``, and the first ``sinks`` (docs/spec.md §13.5)."""
+    first = max(0, length - window + 1)
+    return [*range(min(sinks, first)), *range(first, length)]
+
+
+def window_positions(positions: Sequence[int], length: int, window: int, what: str, *, sinks: int = 0) -> None:
     """The rows a window cache (or a session's block) shows, docs/spec.md §9.1 and §13.5: increasing positions
-    of rows fed, with at least every row the next query sees (``length - window + 1 .. length - 1``); older
-    rows besides are allowed, never required (no query sees them again)."""
+    of rows fed, with at least every row the next query sees (``seen_by_next``); older rows besides are
+    allowed, never required (no query sees them again)."""
     __tracebackhide__ = True
     shown = list(positions)
     if shown != sorted(set(shown)) or any(not 0 <= p < length for p in shown):
         raise NonConformance(f"{what} shows rows at positions {shown}: not increasing positions of rows fed "
                              f"(0 .. {length - 1})", kind="window: wrong positions", check="held positions")
-    missing = sorted(set(range(max(0, length - window + 1), length)) - set(shown))
+    missing = sorted(set(seen_by_next(length, window, sinks)) - set(shown))
     if missing:
-        raise NonConformance(f"{what} of {length} rows (window {window}) shows positions {shown}, without "
+        raise NonConformance(f"{what} of {length} rows (window {window}"
+                             + (f", {sinks} sinks" if sinks else "") + f") shows positions {shown}, without "
                              f"{missing}, which the next row attends to",
                              kind="window: rows the next row sees are missing", check="held positions")

@@ -64,8 +64,10 @@ class CacheModel:
 class LayerOracle:
     """Everything a cache of one layer configuration must show, recomputed from its model."""
 
-    def __init__(self, config: LayerConfig, window: int | None, judge: Judge, keys_unrotated: bool) -> None:
+    def __init__(self, config: LayerConfig, window: int | None, judge: Judge, keys_unrotated: bool,
+                 sinks: int = 0) -> None:
         self.config, self.window, self.judge, self.keys_unrotated = config, window, judge, keys_unrotated
+        self.sinks = sinks  # attention sinks beside the window (docs/spec.md §13.5)
 
     def first_failing_check(self, model: CacheModel, capacity: int, *, tokens: int = 1, layer: str = "own",
                             non_finite: bool = False) -> ErrorKind | None:
@@ -88,7 +90,7 @@ class LayerOracle:
         rope = rope or self.config.oracle_rope
 
         def compute(numbers: NumberSystem, storage: Any = None) -> AttentionTrace:
-            return full_prefix_attention(x, model.weights, rope, window=self.window, numbers=numbers,
+            return full_prefix_attention(x, model.weights, rope, window=self.window, sinks=self.sinks, numbers=numbers,
                                          storage=storage)
 
         return self.judge.reference(compute, lambda numbers: compute(numbers, self._stored(model, rope)))
@@ -126,7 +128,8 @@ class LayerOracle:
         if self.judge.storage is None or self.judge.storage.update != "frozen":
             return None
         assert model.calibration is not None, "a frozen scale is calibrated on the first update"
-        first = full_prefix_attention(np.stack(model.calibration, axis=1), model.weights, rope, window=self.window)
+        first = full_prefix_attention(np.stack(model.calibration, axis=1), model.weights, rope, window=self.window,
+                                      sinks=self.sinks)
         return first.keys, first.values
 
     def steps(self, model: CacheModel, reference: Reference[AttentionTrace] | None, name: str,
@@ -162,8 +165,9 @@ class LayerOracle:
             return x
         rope = self.config.oracle_rope
         new = full_prefix_attention(np.stack([*model.rows, *np.moveaxis(x, 1, 0)], axis=1), model.weights, rope,
-                                    window=self.window)
-        first = full_prefix_attention(np.stack(model.calibration, axis=1), model.weights, rope, window=self.window)
+                                    window=self.window, sinks=self.sinks)
+        first = full_prefix_attention(np.stack(model.calibration, axis=1), model.weights, rope, window=self.window,
+                                      sinks=self.sinks)
         ratio = 0.0
         for name in ("keys", "values"):
             limit = storage.scale_of(getattr(first, name)) * storage.largest

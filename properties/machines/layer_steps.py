@@ -91,6 +91,7 @@ class LayerSteps(ConformanceMachine):
         for family, rule_name in family_rules:
             self.family_rules.setdefault(family, set()).add(rule_name)
         self.windowed, self.window = windowed, None  # a sliding-window cache (the cache-operations machine)
+        self.sinks = 0  # its attention sinks: the first positions every later query sees (attention_sinks)
         self.physical = self.has(Capability.PHYSICAL_STORAGE)
         self.parked: list[Parked] = []  # other live caches (forks), not operated on
         self._facts: tuple[AttentionWeights | None, dict[str, list[Any]]] = (None, {})
@@ -123,7 +124,12 @@ class LayerSteps(ConformanceMachine):
             outside = self.limits.cache_problem(self.config.batch_size, self.config.capacity, window=self.window)
             if outside:  # (only a replayed window can be: the draw stays within the limits)
                 raise NotApplicable(f"the recorded window is outside this implementation's layer_limits: {outside}")
-        self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
+            if self.has(Capability.ATTENTION_SINKS):  # half the windows keep 1 or 2 sinks (traces before: none)
+                self.sinks = data.optional(st.sampled_from([0, 0, 1, 2]), "sinks", 0)
+            if self.sinks:
+                self.need(Capability.ATTENTION_SINKS, "a window cache with attention sinks")
+        self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED),
+                                  self.sinks)
         self.weights = self.config.weights  # the layer's weights now (a cache's rows keep theirs: its model's)
         self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")
         self._new_cache()
@@ -140,8 +146,10 @@ class LayerSteps(ConformanceMachine):
             self.cache = self.must("create a cache", lambda: self.adapter.create_cache(
                 self.layer, config.batch_size, config.capacity))
         else:
-            self.cache = self.must(f"create a cache with a window of {window}", lambda: self.adapter.create_cache(
-                self.layer, config.batch_size, config.capacity, window=window))
+            sinks = {"sinks": self.sinks} if self.sinks else {}
+            self.cache = self.must(f"create a cache with a window of {window}" + (
+                f" and {self.sinks} sinks" if self.sinks else ""), lambda: self.adapter.create_cache(
+                self.layer, config.batch_size, config.capacity, window=window, **sinks))
         self.model = CacheModel(self.weights, config.batch_size)
 
     def _snapshot(self, cache: Any, what: str) -> CacheSnapshot:
@@ -485,7 +493,7 @@ class LayerSteps(ConformanceMachine):
         model, window = self.model, self.window
         assert window is not None
         positions = snapshot.positions.tolist()  # type: ignore[union-attr]
-        window_positions(positions, len(model.rows), window, "window cache")
+        window_positions(positions, len(model.rows), window, "window cache", sinks=self.sinks)
         held, held_keys = self.oracle.held(model), self.oracle.held_keys(model)
         for name, actual, reference in (("keys", snapshot.keys, held_keys), ("values", snapshot.values, held)):
             shape = (model.batch_size, self.config.weights.kv_heads, len(positions), self.config.weights.head_width)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from .. import generate as g
 from ..generate.needs import Needs, one_of
 from ..judge.calls import Inputs
+from ..judge.checks import seen_by_next
 from ..judge.policy import VALID, Due, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
@@ -110,10 +111,11 @@ class CacheOperationsMachine(LayerSteps):
             self.model.cut(int(n))  # type: ignore[call-overload]
 
     def _shows_rows_for(self, n: int) -> bool:
-        """Whether the window cache's snapshot shows every row a query at position n sees: n-W+1 .. n-1."""
+        """Whether the window cache's snapshot shows every row a query at position n sees: n-W+1 .. n-1, and the
+        sinks."""
         assert self.window is not None
         shown_positions = set(self._snapshot(self.cache, "before truncating").positions.tolist())  # type: ignore
-        return all(p in shown_positions for p in range(max(0, n - self.window + 1), n))
+        return all(p in shown_positions for p in seen_by_next(n, self.window, self.sinks))
 
     # -- batch reorder -------------------------------------------------------------------------------------
 

@@ -204,6 +204,8 @@ def declaration_problems(adapter: Any) -> list[str]:
     if until_full in capabilities and not {Capability.TRUNCATE.value, Capability.SLIDING_WINDOW_LAYER.value} <= \
             capabilities:
         problems.append(f"declares {until_full} without truncate and sliding_window_layer, which it is about")
+    if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
+        problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
             Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
         problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")

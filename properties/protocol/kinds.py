@@ -82,6 +82,9 @@ class Capability(str, Enum):
     # A window cache that truncates only until it has held W rows, then refuses every truncation with EVICTED
     # (transformers' DynamicSlidingWindowLayer without recording): judged exactly, both ways.
     WINDOW_TRUNCATES_UNTIL_FULL = "window_truncates_until_full"
+    # create_cache(..., window=W, sinks=S): the first S positions stay visible to every later query besides its
+    # window (StreamingLLM's attention sinks; transformers' SinkCache, a prompt cache's "keep").
+    ATTENTION_SINKS = "attention_sinks"
     VALIDATES_LENGTH = "validates_length"  # truncate rejects an invalid n with invalid_length
     VALIDATES_INDICES = "validates_indices"  # reorder rejects invalid indices with invalid_indices
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)

@@ -90,7 +90,8 @@ class CacheOperations(Protocol):
 
     An adapter has only the methods whose capability it declares; with
     ``sliding_window_layer`` its ``create_cache`` also takes ``window=W`` and
-    its snapshots give ``positions``.
+    its snapshots give ``positions``; with ``attention_sinks`` it takes
+    ``sinks=S`` too (S >= 1; never passed when 0).
     """
 
     def append(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,6 +96,10 @@ class Draws(Protocol):
     def choose(self, options: Sequence[Any], label: str) -> Any:
         """One of ``options`` (names or numbers); a replayed choice outside them is not applicable."""
 
+    def optional(self, strategy: st.SearchStrategy[Any], label: str, default: Any) -> Any:
+        """A draw that traces of an earlier suite do not have: replaying one, ``default`` if the next recorded
+        draw is not ``label``."""
+
 
 class _RecordingData:
     """Hypothesis's ``data`` object, writing down every value as it is drawn."""
@@ -111,6 +115,9 @@ class _RecordingData:
     def choose(self, options: Sequence[Any], label: str) -> Any:
         return self.draw(st.sampled_from(list(options)), label)
 
+    def optional(self, strategy: st.SearchStrategy[Any], label: str, default: Any) -> Any:
+        return self.draw(strategy, label)
+
 
 class Playback(Tape):
     """Feeds a recorded run's draws back, in order, checking labels and applicability."""
@@ -120,7 +127,7 @@ class Playback(Tape):
         super().__init__()
         self._recorded = iter(steps)
         self._left = len(steps)  # steps not yet begun
-        self._draws: Iterator[dict[str, Any]] = iter(())
+        self._draws: list[dict[str, Any]] = []
         self.capabilities, self.limits = capabilities, limits or LayerLimits()
 
     def begin(self, rule: str, arguments: dict[str, Any]) -> None:
@@ -128,14 +135,14 @@ class Playback(Tape):
         recorded = next(self._recorded, None)
         if recorded is None or recorded["rule"] != rule:
             raise TraceError(f"replay ran rule {rule}, but the trace has {recorded and recorded['rule']}")
-        self._draws = iter(recorded["draws"])
+        self._draws = list(recorded["draws"])
         self._left -= 1
 
     def data(self, data: Any) -> Any:
         return self
 
     def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
-        recorded = next(self._draws, None)
+        recorded = self._draws.pop(0) if self._draws else None
         if recorded is None and self._left == 0:
             raise TraceEnded(f"the recorded run stopped inside this step, before drawing {label!r}")
         if recorded is None or recorded["label"] != label:
@@ -150,6 +157,11 @@ class Playback(Tape):
             raise NotApplicable(f"the recorded {label} is outside this implementation's layer_limits: {outside}")
         self.drew(label, value)
         return value
+
+    def optional(self, strategy: st.SearchStrategy[Any], label: str, default: Any) -> Any:
+        if self._draws and self._draws[0]["label"] == label:
+            return self.draw(strategy, label)
+        return default
 
     def choose(self, options: Sequence[Any], label: str) -> Any:
         value = self.draw(st.nothing(), label)
