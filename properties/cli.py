@@ -6,8 +6,8 @@
     kvcache-conformance rules [--markdown]                             every machine's rule names (for --kv-xfails)
 
 ``run`` is ``pytest --pyargs kvcache_conformance --kv-impl MODULE:FACTORY``
-from the current directory, which is put on the import path (yours and
-xdist's workers'), with ``--kv-report kvcache-report.json`` unless you name
+from the current directory (an adapter module there is found, as with
+``python -m pytest``), with ``--kv-report kvcache-report.json`` unless you name
 another; everything else is handed to pytest as it is (``-n auto``, ``-x``,
 ``--kv-xfails FILE``, ``--hypothesis-profile ci`` ...).
 """
@@ -40,9 +40,6 @@ def run(argv: list[str]) -> int:
         print("kvcache-conformance run: name the implementation: --impl MODULE:FACTORY (or KVCACHE_IMPL)",
               file=sys.stderr)
         return 4  # pytest's own exit status for a usage error
-    here = str(Path.cwd())
-    sys.path.insert(0, here)  # the adapter may be a module in the current directory
-    os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
     report = next((a.split("=", 1)[1] if "=" in a else rest[i + 1] for i, a in enumerate(rest)
                    if a.startswith("--kv-report")), None)
     arguments = ["--pyargs", PACKAGE, *([f"--kv-impl={impl}"] if impl else []), *rest]

@@ -122,11 +122,11 @@ def main() -> int:
         assert (here / ".hypothesis" / "implementations" / "example-minimal-broken").is_dir()
         assert (here / "broken.json").exists() and (here / "broken.md").exists()
 
-        print("4. replay the trace")
+        print("4. replay the trace (the adapter found in the current directory, as run finds it)")
         run(bin_dir / "kvcache-conformance", "replay", traces[0], "--kv-impl", "broken_adapter:make_adapter",
-            cwd=here, env={"PYTHONPATH": str(here)}, expect=1)
+            cwd=here, env={"PYTHONPATH": ""}, expect=1)
         run(bin_dir / "kvcache-conformance", "replay", traces[0], "--kv-impl", "minimal_adapter:make_adapter",
-            cwd=here, env={"PYTHONPATH": str(here)})
+            cwd=here, env={"PYTHONPATH": ""})
 
         print("5. an unrelated project's tests, the plugin installed")
         other = work / "other"

@@ -31,6 +31,19 @@ def test_a_bad_spec_names_the_variable_and_the_problem(spec: str, complaint: str
     assert complaint in str(failure.value)
 
 
+def test_an_adapter_module_in_the_current_directory_is_found_but_never_shadows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as `python -m pytest` finds it; the bare `pytest` / `kvcache-conformance` commands do not put "." on the path
+    (tmp_path / "adapter_next_door.py").write_text(
+        "from examples.minimal_adapter import make_adapter as make\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert selection.load_adapter("adapter_next_door:make").name == "example-minimal"
+    assert sys.path[-1] == str(tmp_path)  # last: an installed module of the same name wins
+    with pytest.raises(selection.AdapterLoadError, match="cannot import module 'not_next_door'"):
+        selection.load_adapter("not_next_door:make")
+
+
 def test_option_wins_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(selection.ENV_VAR, "examples.minimal_adapter:make_adapter")
     assert selection.spec_from(None) == "examples.minimal_adapter:make_adapter"

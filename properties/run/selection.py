@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 from ..oracle import FLOAT64, NumberSystem, mpmath_precision
 from ..protocol.declarations import (
@@ -53,6 +55,20 @@ def spec_from(option: str | None) -> str:
     return DEFAULT_SPEC
 
 
+def _import_module(name: str) -> Any:
+    """Import ``name``; failing that, from the directory the run started in, as ``python -m pytest`` would
+    find it (the bare ``pytest`` and ``kvcache-conformance`` commands do not put that directory on the path).
+    It goes last, so it never shadows an installed module."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        here = os.getcwd()
+        if error.name != name.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(name)
+
+
 def load_adapter(spec: str) -> KvCacheAdapter:
     """Import ``module:factory``, call the factory, check the result is an adapter."""
     where = f"{OPTION} / {ENV_VAR}={spec!r}"
@@ -60,7 +76,7 @@ def load_adapter(spec: str) -> KvCacheAdapter:
     if not module_name or not factory_name:
         raise AdapterLoadError(f"{where}: expected 'package.module:factory'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except Exception as error:
         raise AdapterLoadError(f"{where}: cannot import module {module_name!r}: {error!r}") from error
     factory = getattr(module, factory_name, None)
