@@ -42,7 +42,11 @@ def run(argv: list[str]) -> int:
         return 4  # pytest's own exit status for a usage error
     report = next((a.split("=", 1)[1] if "=" in a else rest[i + 1] for i, a in enumerate(rest)
                    if a.startswith("--kv-report")), None)
-    arguments = ["--pyargs", PACKAGE, *([f"--kv-impl={impl}"] if impl else []), *rest]
+    # This command imported the package before pytest could mark it for assertion rewriting (it is a plugin's
+    # distribution), and pytest would warn. Harmless: the test files are rewritten as they are collected, and the
+    # rest judges with its own checks, not bare asserts.
+    quiet = ["-W", "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"]
+    arguments = [*quiet, "--pyargs", PACKAGE, *([f"--kv-impl={impl}"] if impl else []), *rest]
     if report is None:
         report = DEFAULT_REPORT
         arguments.append(f"--kv-report={report}")

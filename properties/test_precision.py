@@ -97,7 +97,7 @@ def test_implementation_agrees_with_mpmath(implementation: None, case: tuple) ->
         what = f"step at position {t}"
         output = expect_success(call(adapter, what, lambda: adapter.step(layer, cache, x[:, t:t + 1].copy())), what)
         assert_close(output, exact.outputs[:, t:t + 1], tolerance=s.TOLERANCE, what=f"{what} against mpmath",
-                     axes=("batch", "position", "feature"))
+                     axes=("batch", "step row", "feature"))
 
 
 @st.composite
@@ -120,7 +120,7 @@ def test_float64_decoder_oracle_agrees_with_mpmath(case: tuple) -> None:
     exact = full_decoder(tokens, config, weights, numbers=MPMATH)
     assert_close(fast.logits, exact.logits, tolerance=ORACLE_AGREEMENT,
                  what="float64 decoder oracle logits against mpmath (a suite bug if this fails)",
-                 axes=("position", "token"))
+                 axes=("row", "vocab id"))
 
 
 @FEW
@@ -136,4 +136,4 @@ def test_session_agrees_with_mpmath(session: None, case: tuple) -> None:
                             f"prefill {tokens}")
     exact = full_decoder(tokens, config, weights, numbers=MPMATH)
     assert_close(np.asarray(logits), exact.logits, tolerance=s.TOLERANCE, what=f"prefill {tokens} against mpmath",
-                 axes=("position", "token"))
+                 axes=("row", "vocab id"))

@@ -108,6 +108,7 @@ def main() -> int:
         out = run(bin_dir / "kvcache-conformance", "run", "--impl", "minimal_adapter:make_adapter", "-n", "2",
                   cwd=here, env={"HYPOTHESIS_PROFILE": "quick"}).stdout
         assert "kvcache-conformance: report" in out and (here / "kvcache-report.json").exists(), out[-2000:]
+        assert "PytestAssertRewriteWarning" not in out, out[-2000:]
         report = json.loads((here / "kvcache-report.json").read_text())
         assert report["summary"]["failed"] == 0 and report["summary"]["passed"] > 0, report["summary"]
         names = {entry["property"] for entry in report["properties"]}

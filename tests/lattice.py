@@ -214,6 +214,8 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "limits-small": lambda: Declared("limits-small", REFERENCE, SmallOnly(), layer_limits={
         "max_heads": 1, "max_batch": 1, "max_capacity": 5, "max_model_width": 3, "max_rotary_width": 2,
         "min_window": 2}),
+    "positionless-only": lambda: Declared("positionless-only", LAYER_ONLY - {  # no with_rope: never called
+        "rope_interleaved", "rope_half_split", "keys_unrotated", "partial_rotary"}),
     "keeps-every-row": lambda: Declared("keeps-every-row", REFERENCE, KeepsEveryRowAdapter()),
     "window-truncates-until-full": lambda: Declared("window-truncates-until-full", REFERENCE | {
         "window_truncates_until_full"}, WindowUntilFullAdapter()),

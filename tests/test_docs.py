@@ -39,3 +39,15 @@ def test_the_properties_the_tables_name_exist() -> None:
             path, _, name = node.partition("::")
             source = (root / path).read_text()
             assert re.search(rf"def {re.escape(name.split('[')[0])}\(", source), node
+
+
+def test_the_spec_and_the_guide_name_every_layer_limit() -> None:
+    from dataclasses import fields
+
+    from kvcache_conformance.protocol.declarations import LayerLimits
+
+    section_7 = (ADAPTERS.parent / "spec.md").read_text().split('<a id="s7"></a>')[1].split("## <a id=")[0]
+    guide = ADAPTERS.read_text()
+    for limit in fields(LayerLimits):
+        assert f"`{limit.name}`" in section_7, f"docs/spec.md §7 does not name {limit.name}"
+        assert f"`{limit.name}`" in guide, f"docs/adapters.md does not name {limit.name}"

@@ -45,7 +45,7 @@ def expect_rejection(outcome: Outcome, expected: ErrorKind, what: str) -> None:
 
 
 def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float | np.ndarray, what: str,
-                 check: str = "output", axes: Sequence[str] = ("batch", "head", "position", "feature"),
+                 check: str = "output", axes: Sequence[str] = ("batch", "head", "row", "feature"),
                  dtype: type[np.floating[Any]] | None = np.float64) -> tuple[float, float]:
     """Raise unless ``actual`` is an array of ``expected``'s shape (and of ``dtype``, unless None:
     then of any real floating dtype) agreeing within ``tolerance`` (one number, or one per element).

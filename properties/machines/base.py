@@ -131,7 +131,7 @@ def blocks_match_oracle(blocks: Sequence[BlockState], trace: Reference[DecoderTr
         for name in ("keys", "values"):
             expected, tolerance = judge.bound(trace, lambda t: getattr(t, name)[block][:, held])
             judge.close(getattr(state, name), expected, tolerance, what=f"{what}: block {block} cached {name}",
-                        check=f"cached {name}", axes=("head", "position", "feature"))
+                        check=f"cached {name}", axes=("head", "cached row", "feature"))
 
 
 def signature(weights: DecoderWeights) -> str:

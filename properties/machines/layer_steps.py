@@ -190,7 +190,7 @@ class LayerSteps(ConformanceMachine):
         output = self._step(x, VALID, what, chunk=chunk, output=expected, tolerance=tolerance).value
         self.judge.close(output, expected, tolerance, what=f"{what}: output at position {len(model.rows)}"
                          + (f" and the {x.shape[1] - 1} after it" if x.shape[1] > 1 else ""), check="output",
-                         axes=("batch", "position", "feature"))
+                         axes=("batch", "step row", "feature"))
         model.rows, model.trace = rows, trace
 
     # -- valid rows ----------------------------------------------------------------------------------------

@@ -268,7 +268,7 @@ class PagedCacheMachine(ConformanceMachine):
                                  f"{self.policy.described()})", kind="reuse differs from the rules")
         wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[reused:])
         self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits from position {reused}",
-                         check="logits", axes=("position", "token"))
+                         check="logits", axes=("row", "vocab id"))
         if not isinstance(sequence, Hashable) or sequence in self.live:
             raise NonConformance(f"{what}: returned sequence id {sequence!r}, which is not a new hashable id",
                                  kind="malformed result")
@@ -306,7 +306,7 @@ class PagedCacheMachine(ConformanceMachine):
         wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[length:])
         logits = self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value
         self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits", check="logits",
-                         axes=("position", "token"))
+                         axes=("row", "vocab id"))
         live.tokens = live.tokens + tokens
         after = self._read_state(what)
         full = length // self.block_size

@@ -101,7 +101,7 @@ class SessionMachine(ConformanceMachine):
         wanted, tolerance = self.judge.bound(trace, lambda t: t.logits[-1] if single else t.logits[len(self.tokens):])
         logits = np.asarray(self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value)
         self.judge.close(logits, wanted, tolerance, what=f"{what}: logits", check="logits",
-                         axes=("position", "token"))
+                         axes=("row", "vocab id"))
         self.tokens, self.trace = self.tokens + tokens, trace
 
     def _prefill(self, tokens: Any, problem: str | None = None) -> None:

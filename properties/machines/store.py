@@ -185,7 +185,7 @@ class PrefixStoreMachine(ConformanceMachine):
         cut = int(reported[1])
         logits, tolerance = self.judge.bound(reference, lambda t: t.logits[cut:])
         self.judge.close(np.asarray(result_logits), logits, tolerance, what=f"{what}: logits from position {cut}",
-                         check="logits", axes=("position", "token"))
+                         check="logits", axes=("row", "vocab id"))
         self.last_logits = result_logits
         if verb == "prefill":
             self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights, index)][-self.capacity:]

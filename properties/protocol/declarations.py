@@ -22,8 +22,8 @@ from .kinds import LAYER_CONVENTIONS, Capability, declared
 
 # The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
 METHODS_OF = {
-    "layer caches": ("create_layer", "recreate_layer", "with_rope", "update_weights", "create_cache", "step", "reset",
-                     "snapshot"),
+    "layer caches": ("create_layer", "recreate_layer", "update_weights", "create_cache", "step", "reset", "snapshot"),
+    "layer caches with RoPE": ("with_rope",),  # never called for positionless layers
     Capability.CHUNKED_APPEND.value: ("append",), Capability.TRUNCATE.value: ("truncate",),
     Capability.BATCH_REORDER.value: ("reorder",), Capability.FORK.value: ("fork",),
     Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
@@ -53,7 +53,9 @@ def required_methods(capabilities: Any, *, layer_caches: bool | None = None) -> 
     names = declared(capabilities)
     layers = bool(names & LAYER_CONVENTIONS) if layer_caches is None else layer_caches
     wanted = ["error_kind"]
-    groups = (["layer caches"] if layers else []) + sorted(names & set(METHODS_OF) - {"layer caches"})
+    rope = bool(names & {Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value})
+    groups = (["layer caches"] if layers else []) + (["layer caches with RoPE"] if layers and rope else []) + sorted(
+        names & set(METHODS_OF) - {"layer caches", "layer caches with RoPE"})
     for group in groups:
         wanted += [method for method in METHODS_OF[group] if method not in wanted]
     return wanted

@@ -63,7 +63,8 @@ class KvCacheAdapter(Protocol):
         """A new layer with new parameter objects holding equal values and the same RoPE."""
 
     def with_rope(self, layer: Any, rope: RopeConfig) -> Any:
-        """A layer sharing ``layer``'s parameter objects, under another RoPE configuration."""
+        """A layer sharing ``layer``'s parameter objects, under another RoPE configuration (needed only with a RoPE
+        pairing declared: never called for ``positionless`` layers)."""
 
     def update_weights(self, layer: Any, weights: AttentionWeights) -> None:
         """Write new values into ``layer``'s parameters in place, as an optimiser step does."""
