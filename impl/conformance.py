@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -226,6 +226,18 @@ class KeepsEveryRowAdapter(ReferenceAdapter):
 
 def make_keeps_every_row_adapter() -> KeepsEveryRowAdapter:
     return KeepsEveryRowAdapter()
+
+
+class ReAddForkAdapter(ReferenceAdapter):
+    """The reference whose paged pool forks by adding the parent's tokens again in its scope, as engines do for
+    parallel sampling: registered blocks reused up to the hit limit, the rest computed anew; declared."""
+
+    name = f"{ReferenceAdapter.name}[fork re-adds]"
+    paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "fork": "re_add"}
+
+
+def make_re_add_fork_adapter() -> ReAddForkAdapter:
+    return ReAddForkAdapter()
 
 
 def make_fp8_adapter() -> QuantizedReferenceAdapter:

@@ -33,6 +33,7 @@ from .prefix_store import computation_signature
 HASH_KEYS = ("scope", "signature")  # extra keys a block hash may cover besides its parent and its tokens
 EVICTIONS = ("lru", "all_at_once")  # which cached blocks make room: the least recently cached, or all of them
 HIT_LIMITS = ("before_last_token", "before_last_full_block")  # how many full blocks an add may reuse
+FORKS = ("shared", "re_add", "none")  # how a fork gets its rows: shared blocks, an add of its tokens, not at all
 
 
 class BlocksExhausted(CacheFull):
@@ -116,18 +117,19 @@ class PagedPool:
 
     def __init__(self, layers: int, kv_heads: int, head_width: int, block_size: int, num_blocks: int, *,
                  hash_keys: Iterable[str] = HASH_KEYS, eviction: str = "lru",
-                 hit_limit: str = "before_last_token") -> None:
+                 hit_limit: str = "before_last_token", fork: str = "shared") -> None:
         for name, value in (("layers", layers), ("kv heads", kv_heads), ("head width", head_width),
                             ("block size", block_size), ("block count", num_blocks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidLayerConfig(f"paged pool: {name} must be an int >= 1, got {value!r}")
         self.hash_keys = frozenset(hash_keys)
-        if not self.hash_keys <= set(HASH_KEYS) or eviction not in EVICTIONS or hit_limit not in HIT_LIMITS:
+        if not self.hash_keys <= set(HASH_KEYS) or eviction not in EVICTIONS or hit_limit not in HIT_LIMITS \
+                or fork not in FORKS:
             raise InvalidLayerConfig(f"paged pool: hash keys within {HASH_KEYS}, eviction one of {EVICTIONS}, "
-                                     f"hit limit one of {HIT_LIMITS}")
+                                     f"hit limit one of {HIT_LIMITS}, fork one of {FORKS}")
         self.geometry = Geometry(layers, kv_heads, head_width)
         self.block_size, self.num_blocks = block_size, num_blocks
-        self.eviction, self.hit_limit = eviction, hit_limit
+        self.eviction, self.hit_limit, self.fork_policy = eviction, hit_limit, fork
         shape = (num_blocks, layers, kv_heads, block_size, head_width)
         self._keys, self._values = np.zeros(shape), np.zeros(shape)
         self._references = np.zeros(num_blocks, dtype=np.int64)
@@ -199,8 +201,13 @@ class PagedPool:
         return logits
 
     def fork(self, sequence: int) -> int:
-        """A new sequence with the same rows: full blocks shared, a partial last block copied."""
+        """A new sequence with the same rows: full blocks shared, a partial last block copied; or (``re_add``)
+        the parent's tokens added again in its scope, as engines fork for parallel sampling."""
         held = self._sequence(sequence)
+        if self.fork_policy == "none":
+            raise NotImplementedError("this pool does not fork")
+        if self.fork_policy == "re_add":
+            return self.add(held.model, held.scope, held.tokens).sequence
         full = len(held.tokens) // self.block_size
         needed = len(held.table) - full
         self._check_room(needed)

@@ -23,12 +23,13 @@ class PagedReferenceMethods:
 
     # The reference's policy: what its block hash covers, how it makes room, how far an add may reuse.
     paged_policy: ClassVar[dict[str, Any]] = {"hash_keys": ["scope", "signature"], "eviction": "lru",
-                                    "hit_limit": "before_last_token", "truncate": True}
+                                              "hit_limit": "before_last_token", "truncate": True, "fork": "shared"}
 
     def create_pool(self, config: Any, block_size: int, num_blocks: int) -> PagedPool:
         policy = self.paged_policy
         return PagedPool(config.blocks, config.kv_heads, config.head_width, block_size, num_blocks,
-                         hash_keys=policy["hash_keys"], eviction=policy["eviction"], hit_limit=policy["hit_limit"])
+                         hash_keys=policy["hash_keys"], eviction=policy["eviction"], hit_limit=policy["hit_limit"],
+                         fork=policy["fork"])
 
     def paged_add(self, pool: PagedPool, decoder: Decoder, scope: str, tokens: Any) -> AddResult:
         return pool.add(decoder, scope, tokens)

@@ -20,9 +20,10 @@ from impl.cache import LayerKvCache
 from impl.conformance import KeepsEveryRowAdapter, ReferenceAdapter, WindowUntilFullAdapter
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
+from kvcache_conformance.protocol.paged import PagedPolicy
 
 REFERENCE = declared(ReferenceAdapter.capabilities) - {"input_validation"}  # the shorthand spelled out
-EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) | {"paged_truncate"}
+EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) | {"paged_fork", "paged_truncate"}
 DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_interleaved", "rope_half_split"}
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
@@ -38,12 +39,12 @@ class Declared:
         self.name, self.version = f"lattice-{name}", "1"
         self.capabilities = frozenset(capabilities)
         self._inner = inner if inner is not None else ReferenceAdapter()
-        methods = set(required_methods(self.capabilities, layer_caches=layer_caches))
-        if attributes.get("paged_policy", {}).get("truncate", True) and "paged_prefix_sharing" in self.capabilities:
-            methods.add("paged_truncate")
-        self._methods = frozenset(methods)
         for key, value in attributes.items():
             setattr(self, key, value)
+        methods = set(required_methods(self.capabilities, layer_caches=layer_caches))
+        if "paged_prefix_sharing" in self.capabilities:
+            methods |= set(PagedPolicy.of(self).methods())  # the declared policy's, else the inner adapter's
+        self._methods = frozenset(methods)
 
     def __getattr__(self, name: str) -> Any:
         if name in EVERY_METHOD and name not in self._methods:
@@ -180,6 +181,7 @@ POLICIES = {
     "hash-scope-only": {"hash_keys": ["scope"]}, "hash-signature-only": {"hash_keys": ["signature"]},
     "hash-nothing": {"hash_keys": []}, "evict-all-at-once": {"eviction": "all_at_once"},
     "hit-before-last-full-block": {"hit_limit": "before_last_full_block"}, "no-truncate": {"truncate": False},
+    "fork-re-add": {"fork": "re_add"}, "fork-none": {"fork": "none"},
 }
 LAYER_ONLY = {c for c in REFERENCE if c not in {"decode_session", "prefix_store", "paged_prefix_sharing",
                                                  "sliding_window", "positions_sinusoidal", "positions_rope"}}
@@ -246,6 +248,8 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         "") for name, policy in POLICIES.items() if name != "no-truncate"},
     "policy-no-truncate-claims-truncate": (lambda: Declared("twin-no-truncate", REFERENCE, NoTruncation()), "paged",
                                            {}, "unexpected exception"),
+    "policy-shared-fork-claims-re-add": (lambda: Declared("twin-claims-re-add", REFERENCE, paged_policy={
+        **ReferenceAdapter.paged_policy, "fork": "re_add"}), "paged", {}, ""),
     "limits-tied-two-heads-undeclared": (lambda: Declared("twin-tied", REFERENCE, TiedGeometry()), "layer_cache", {},
                                          "unexpected exception"),
     "limits-wide-heads-undeclared": (lambda: Declared("twin-wide-heads", REFERENCE, WideHeads()), "layer_cache", {},

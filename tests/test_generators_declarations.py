@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -165,3 +165,23 @@ def test_window_caches_are_drawn_with_sinks_only_where_declared() -> None:
                              settings=profiles.settings_for("ci", max_examples=30, database=None))
         assert result.failure is None, result.failure
     assert drawn == {True: {0, 1, 2}, False: {0}}
+
+
+@pytest.mark.parametrize("fork", ["shared", "re_add", "none"])
+def test_forks_are_drawn_as_the_paged_policy_declares(fork: str) -> None:
+    forked: list[int] = []  # the parent's length at each paged_fork
+
+    class Recording(ReferenceAdapter):
+        paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "fork": fork}
+
+        def paged_fork(self, pool: Any, sequence: Any) -> Any:
+            forked.append(len(pool.tokens(sequence)))
+            return super().paged_fork(pool, sequence)
+
+    result = run_machine("paged", Recording(), property_id=f"generators-fork-{fork}",
+                         settings=profiles.settings_for("ci", max_examples=30, database=None))
+    assert result.failure is None, result.failure
+    if fork == "none":
+        assert forked == []  # no rule forks: not fork, fork_and_append_to_both, nor the truncation rules
+    else:
+        assert forked and (min(forked) >= 1 if fork == "re_add" else min(forked) == 0), forked

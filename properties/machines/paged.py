@@ -243,32 +243,41 @@ class PagedCacheMachine(ConformanceMachine):
 
     # -- operations --------------------------------------------------------------------------------------------
 
-    def _add(self, tokens: list[int], scope: str, index: int) -> None:
+    def _add(self, tokens: list[int], scope: str, index: int, fork_of: Hashable | None = None) -> Hashable | None:
+        """Add ``tokens``; or, with ``fork_of``, fork that sequence under ``"fork": "re_add"``, which must do what
+        this add would (the new id is all it returns). The new sequence's id, or None if the pool was full."""
         weights = self.weights[index]
         key = signature(weights)
         hit = expected_hit(self.registered, tokens, scope, key, self.policy, self.block_size)
         needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))
-        what = f"add {tokens} in scope {scope!r} with decoder {index}"
+        what = (f"add {tokens} in scope {scope!r} with decoder {index}" if fork_of is None else
+                f"fork sequence {fork_of!r} of {len(tokens)} tokens (re-added in scope {scope!r})")
         handed = Inputs()
         given = handed("tokens", tokens)
 
         def action() -> Any:
+            if fork_of is not None:
+                return self.adapter.paged_fork(self.pool, fork_of)
             return self.adapter.paged_add(self.pool, self.decoders[index], scope, given)
 
         before = self.state
         if not fits(needed, before.free, set(before.cached), set(hit)):
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
-            return
-        reference = self._oracle(weights, tokens)
-        result = self.call(what, action, inputs=handed, reused=len(hit) * self.block_size, blocks=hit).value
-        sequence, logits, reused = fields(result, ("sequence", "logits", "reused"), what)
-        if reused != len(hit) * self.block_size:
-            raise NonConformance(f"{what}: reused {reused} tokens, but the rules give {len(hit) * self.block_size} "
-                                 f"(registered blocks {hit}, block size {self.block_size}, policy "
-                                 f"{self.policy.described()})", kind="reuse differs from the rules")
-        wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[reused:])
-        self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits from position {reused}",
-                         check="logits", axes=("row", "vocab id"))
+            return None
+        if fork_of is None:
+            reference = self._oracle(weights, tokens)
+            result = self.call(what, action, inputs=handed, reused=len(hit) * self.block_size, blocks=hit).value
+            sequence, logits, reused = fields(result, ("sequence", "logits", "reused"), what)
+            if reused != len(hit) * self.block_size:
+                raise NonConformance(f"{what}: reused {reused} tokens, but the rules give "
+                                     f"{len(hit) * self.block_size} (registered blocks {hit}, block size "
+                                     f"{self.block_size}, policy {self.policy.described()})",
+                                     kind="reuse differs from the rules")
+            wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[reused:])
+            self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits from position {reused}",
+                             check="logits", axes=("row", "vocab id"))
+        else:
+            sequence = self.call(what, action, reused=len(hit) * self.block_size, blocks=hit).value
         if not isinstance(sequence, Hashable) or sequence in self.live:
             raise NonConformance(f"{what}: returned sequence id {sequence!r}, which is not a new hashable id",
                                  kind="malformed result")
@@ -280,6 +289,7 @@ class PagedCacheMachine(ConformanceMachine):
             raise NonConformance(f"{what}: its table starts {list(table[:len(hit)])}, but must reuse the registered "
                                  f"blocks {hit}", kind="reuse differs from the rules")
         self._settle(after, before, needed, what, set(hit))
+        return sequence
 
     def _append(self, sequence: Hashable, tokens: list[int]) -> None:
         live = self.live[sequence]
@@ -320,8 +330,10 @@ class PagedCacheMachine(ConformanceMachine):
         self._settle(after, before, needed, what)
 
     def _fork(self, sequence: Hashable) -> Hashable | None:
-        """Fork ``sequence``; the child's id, or None if the pool was full."""
+        """Fork ``sequence`` as the policy declares; the child's id, or None if the pool was full."""
         live = self.live[sequence]
+        if self.policy.fork == "re_add":
+            return self._add(list(live.tokens), live.scope, live.decoder, fork_of=sequence)
         before = self.state
         needed = blocks_needed("fork", len(live.tokens), self.block_size)
         what = f"fork sequence {sequence!r} of {len(live.tokens)} tokens"
@@ -376,6 +388,22 @@ class PagedCacheMachine(ConformanceMachine):
         """Live sequences computed with their decoder's current weights, of ``shortest..longest`` tokens."""
         return [q for q, live in self.live.items() if not live.stale and shortest <= len(live.tokens) <= longest]
 
+    def _forkable(self, longest: int = MAX_LENGTH) -> list[Hashable]:
+        """The sequences a fork may be drawn for: none without ``paged_fork``; a re-adding fork needs a token
+        (forking an empty sequence is unspecified there: an add of no tokens is invalid)."""
+        if self.policy.fork == "none":
+            return []
+        return self._fresh(shortest=1 if self.policy.fork == "re_add" else 0, longest=longest)
+
+    def _share(self, sequence: Hashable) -> None:
+        """Another sequence holding ``sequence``'s blocks: a fork, or, in a pool that does not fork, an add of
+        its tokens (which reuses its registered full blocks)."""
+        if self.policy.fork == "none":
+            live = self.live[sequence]
+            self._add(list(live.tokens), live.scope, live.decoder)
+        else:
+            self._fork(sequence)
+
     def _pick(self, data: Draws, among: list[Hashable], label: str) -> Hashable:
         return among[data.choose(range(len(among)), label)]
 
@@ -423,16 +451,16 @@ class PagedCacheMachine(ConformanceMachine):
         room = MAX_LENGTH - len(self.live[sequence].tokens)
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, min(3, room)), label="tokens"))
 
-    @rule(data=st.data(), when=lambda self: self._fresh())
+    @rule(data=st.data(), when=lambda self: self._forkable())
     def fork(self, data: Draws) -> None:
         """A new sequence sharing the parent's full blocks, with a private copy of a partial last block (full if
-        no block is free for it)."""
-        self._fork(self._pick(data, self._fresh(), "sequence"))
+        no block is free for it); with ``"fork": "re_add"``, what adding the parent's tokens again would give."""
+        self._fork(self._pick(data, self._forkable(), "sequence"))
 
-    @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
+    @rule(data=st.data(), when=lambda self: self._forkable(longest=MAX_LENGTH - 1))
     def fork_and_append_to_both(self, data: Draws) -> None:
         """A fork, then tokens appended to parent and child: neither may see the other's rows."""
-        sequence = self._pick(data, self._fresh(longest=MAX_LENGTH - 1), "sequence")
+        sequence = self._pick(data, self._forkable(longest=MAX_LENGTH - 1), "sequence")
         child = self._fork(sequence)
         for target in (sequence, child):
             if target in self.live:
@@ -451,7 +479,7 @@ class PagedCacheMachine(ConformanceMachine):
         copy the block first, and the other keeps its rows."""
         sequence = self._pick(data, self._fresh(shortest=2), "sequence")
         length = len(self.live[sequence].tokens)
-        self._fork(sequence)
+        self._share(sequence)
         self._truncate(sequence, data.draw(st.integers(1, length - 1), label="keep"))
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, 2), label="tokens"))
 
@@ -470,7 +498,7 @@ class PagedCacheMachine(ConformanceMachine):
         for added in set(self.live) - before:
             self._free(added)
         length = len(self.live[sequence].tokens)
-        self._fork(sequence)
+        self._share(sequence)
         cuts = [k for k in range(1, length) if k % self.block_size]
         self._truncate(sequence, cuts[data.choose(range(len(cuts)), "cut")])
         self._append(sequence, data.draw(g.token_lists(vocab, 1, 2), label="tokens"))

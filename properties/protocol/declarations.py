@@ -31,8 +31,8 @@ METHODS_OF = {
     Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
                                     "store_query", "store_entries"),
     Capability.PAGED_PREFIX_SHARING.value: ("create_decoder", "update_block_weights", "create_pool", "paged_add",
-                                            "paged_append", "paged_fork", "paged_free", "paged_rows", "paged_state"),
-    # paged_truncate only where the paged_policy declares truncate (properties/paged_protocol.py)
+                                            "paged_append", "paged_free", "paged_rows", "paged_state"),
+    # and paged_fork / paged_truncate where the paged_policy offers them (PagedPolicy.methods)
 }
 
 

@@ -21,6 +21,7 @@ PAGED_PREFIX_SHARING = "paged_prefix_sharing"
 HASH_KEYS = ("scope", "signature")  # what a block hash may cover besides its parent and its tokens
 EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at a time; or every cached block
 HIT_LIMITS = ("before_last_token", "before_last_full_block")  # (len-1)//bs full blocks; len//bs - 1
+FORKS = ("shared", "re_add", "none")  # share the parent's blocks; add its tokens again; no paged_fork
 
 
 class PolicyError(TypeError):
@@ -41,12 +42,18 @@ class PagedPolicy:
       blocks: the last token is always recomputed) or ``"before_last_full_block"``
       (at most ``len//bs - 1``).
     - ``truncate``: whether ``paged_truncate`` exists.
+    - ``fork``: ``"shared"`` (the child shares the parent's full blocks and
+      copies a partial one), ``"re_add"`` (the child is what ``paged_add`` of
+      the parent's tokens in its scope would give: registered blocks reused
+      up to the hit limit, the rest computed; engines' parallel sampling) or
+      ``"none"`` (no ``paged_fork``: no rule that forks is drawn).
     """
 
     hash_keys: frozenset[str] = frozenset(HASH_KEYS)
     eviction: str = "lru"
     hit_limit: str = "before_last_token"
     truncate: bool = True
+    fork: str = "shared"
 
     @classmethod
     def of(cls, adapter: Any) -> PagedPolicy:
@@ -55,10 +62,10 @@ class PagedPolicy:
             return cls()
         if not isinstance(given, Mapping):
             raise PolicyError(f"paged_policy must be a mapping, got {type(given).__name__}")
-        unknown = sorted(set(given) - {"hash_keys", "eviction", "hit_limit", "truncate"})
+        known = ("hash_keys", "eviction", "hit_limit", "truncate", "fork")
+        unknown = sorted(set(given) - set(known))
         if unknown:
-            raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; "
-                              "known: hash_keys, eviction, hit_limit, truncate")
+            raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
         keys = given.get("hash_keys", HASH_KEYS)
         if isinstance(keys, str) or not all(key in HASH_KEYS for key in keys):
             raise PolicyError(f"paged_policy['hash_keys'] must be a list drawn from {list(HASH_KEYS)}, got {keys!r}")
@@ -70,12 +77,19 @@ class PagedPolicy:
         truncate = given.get("truncate", True)
         if not isinstance(truncate, bool):
             raise PolicyError(f"paged_policy['truncate'] must be a bool, got {truncate!r}")
-        return cls(frozenset(keys), eviction, hit_limit, truncate)
+        fork = given.get("fork", "shared")
+        if fork not in FORKS:
+            raise PolicyError(f"paged_policy['fork'] must be one of {list(FORKS)}, got {fork!r}")
+        return cls(frozenset(keys), eviction, hit_limit, truncate, fork)
+
+    def methods(self) -> tuple[str, ...]:
+        """The paged methods this policy adds to those of ``paged_prefix_sharing``."""
+        return (*(("paged_fork",) if self.fork != "none" else ()), *(("paged_truncate",) if self.truncate else ()))
 
     def described(self) -> dict[str, Any]:
         """For reports and failure messages."""
         return {"hash_keys": sorted(self.hash_keys), "eviction": self.eviction, "hit_limit": self.hit_limit,
-                "truncate": self.truncate}
+                "truncate": self.truncate, "fork": self.fork}
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,10 +140,13 @@ class PagedCacheAdapter(DecoderAdapter, Protocol):
         """``T >= 1`` tokens at positions ``len..len+T-1``, causal inside the chunk; logits ``[T, vocab]``."""
 
     def paged_fork(self, pool: Any, sequence: Hashable) -> Hashable:
-        """An independent copy: full blocks shared, the partial last block copied; returns the new id."""
+        """An independent copy, as ``paged_policy['fork']`` says (``"shared"``: full blocks shared, the partial last
+        block copied; ``"re_add"``: the parent's tokens added again in its scope); returns the new id. Absent with
+        ``"fork": "none"``."""
 
     def paged_truncate(self, pool: Any, sequence: Hashable, length: Any) -> None:
-        """Keep the first ``length`` tokens (0 <= length <= len, else ``invalid_length``)."""
+        """Keep the first ``length`` tokens (0 <= length <= len, else ``invalid_length``). Absent with
+        ``"truncate": False``."""
 
     def paged_free(self, pool: Any, sequence: Hashable) -> None:
         """Release the sequence's blocks; registered ones stay cached."""

@@ -26,8 +26,9 @@ from ..protocol.declarations import (
     drives_layer_caches,
     required_methods,
 )
-from ..protocol.kinds import Capability
+from ..protocol.kinds import Capability, declared
 from ..protocol.layer import KvCacheAdapter
+from ..protocol.paged import PAGED_PREFIX_SHARING, PagedPolicy, PolicyError
 
 ENV_VAR = "KVCACHE_IMPL"
 CHECKOUT = Path(__file__).resolve().parents[2]  # a clone's root (properties/run/selection.py); else site-packages
@@ -93,8 +94,13 @@ def load_adapter(spec: str) -> KvCacheAdapter:
     if unknown:
         raise AdapterLoadError(f"{where}: unknown capabilities {sorted(unknown)}; "
                                f"known: {sorted(c.value for c in Capability)}")
-    missing = [name for name in required_methods(adapter.capabilities, layer_caches=drives_layer_caches(adapter))
-               if not callable(getattr(adapter, name, None))]
+    wanted = required_methods(adapter.capabilities, layer_caches=drives_layer_caches(adapter))
+    if PAGED_PREFIX_SHARING in declared(adapter.capabilities):
+        try:
+            wanted += PagedPolicy.of(adapter).methods()
+        except PolicyError as error:
+            raise AdapterLoadError(f"{where}: {error}") from error
+    missing = [name for name in wanted if not callable(getattr(adapter, name, None))]
     if missing:
         raise AdapterLoadError(f"{where}: the adapter lacks {', '.join(missing)}, which what it declares needs "
                                "(see docs/adapters.md)")
