@@ -193,6 +193,19 @@ class ReorderAndFork:
         return copy.deepcopy(cache)
 
 
+class SelectAndRepeat:
+    """``batch_select_indices`` (finished sequences leave) and ``batch_repeat_interleave`` (beam expansion), the
+    batch-size operations of ``Cache``; the handle remembers the batch size for an empty snapshot."""
+
+    def select(self, cache: Handle, indices: Any) -> None:
+        cache.hf.batch_select_indices(torch.as_tensor(np.asarray(indices)))
+        cache.batch = len(indices)
+
+    def repeat_interleave(self, cache: Handle, repeats: Any) -> None:
+        cache.hf.batch_repeat_interleave(repeats)
+        cache.batch *= int(repeats)
+
+
 def _windowed_config(config: LlamaConfig, window: int | None) -> LlamaConfig:
     """The same layer's config, as the ``sliding_attention`` layer type when a window is asked for."""
     if window is None:
@@ -227,6 +240,19 @@ class DynamicCacheAdapter(TruncateByCrop, ReorderAndFork, CacheFamilyAdapter):
         if self.record_past:
             cache.activate_past_recording()  # the window layer keeps every row until the next crop
         return cache
+
+
+class DynamicBatchSizeAdapter(SelectAndRepeat, DynamicCacheAdapter):
+    """``DynamicCache`` whose batch shrinks and grows: select and repeat_interleave declared, chunks not. Its
+    window layer's refusal of every crop once the window is reached is declared (window_truncates_until_full,
+    README finding 8.1), and windows of 1 are left out (finding 7), so that neither hides the batch operations."""
+
+    layer_limits: ClassVar[dict[str, int]] = {"min_window": 2}
+
+    def __init__(self) -> None:
+        super().__init__("dynamic-cache-batch-size", skip_empty_crop=True)
+        self.capabilities = (self.capabilities - {"chunked_append"}) | {"batch_select", "batch_repeat",
+                                                                         "window_truncates_until_full"}
 
 
 # -- StaticCache: StaticLayer, and StaticSlidingWindowLayer with a window ------------------------------------
@@ -341,6 +367,12 @@ class HybridLayerAdapter(ReorderAndFork, CacheFamilyAdapter):
 def dynamic_cache_operations() -> DynamicCacheAdapter:
     """DynamicCache: DynamicLayer, and DynamicSlidingWindowLayer (crop past a full window raises: evicted)."""
     return DynamicCacheAdapter()
+
+
+def dynamic_cache_batch_size() -> DynamicCacheAdapter:
+    """DynamicCache with ``batch_select_indices`` and ``batch_repeat_interleave`` beside reorder, truncate and fork;
+    one row at a time (no ``chunked_append``: finding 5, a malformed chunk kept by the first write, comes first)."""
+    return DynamicBatchSizeAdapter()
 
 
 def dynamic_window_skip_empty_crop() -> DynamicCacheAdapter:

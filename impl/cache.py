@@ -196,6 +196,31 @@ class LayerKvCache:
             self._exact_values[...] = self._exact_values[gather]
             self._store(recompute=True)
 
+    def select(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Keep the batch rows ``indices`` (1 to B distinct ints in ``[0, B)``, in the order given): the batch
+        shrinks, as when finished sequences leave. New buffers; nothing changes on a rejection."""
+        self._regather(_selection_indices(indices, self.batch_size))
+
+    def repeat_interleave(self, repeats: object) -> None:
+        """Each batch row ``repeats`` times in a row (beam expansion): batch ``B * repeats``. New buffers."""
+        if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, (bool, np.bool_)) or repeats < 1:
+            raise InvalidIndices(f"repeats {repeats!r} is not an int >= 1")
+        self._regather(np.repeat(np.arange(self.batch_size), int(repeats)))
+
+    def _regather(self, gather: np.ndarray) -> None:
+        """Every buffer gathered along the batch axis into new ones (the batch size changes)."""
+        elements = len(gather) * self.kv_heads * self.slots * self.head_width
+        if elements * 8 > _MAX_BYTES:
+            raise ElementCountOverflow(len(gather), self.kv_heads, self.slots, self.head_width)
+        keys, values = self._keys[gather], self._values[gather]
+        if self.storage is not None:
+            self._exact_keys, self._exact_values = self._exact_keys[gather], self._exact_values[gather]
+        else:
+            self._exact_keys, self._exact_values = keys, values
+        self._keys, self._values, self.batch_size = keys, values, len(gather)
+        if self.storage is not None:
+            self._store(recompute=True)
+
     def fork(self) -> LayerKvCache:
         """An independent copy: the same bindings (layer, parameter versions, RoPE), copies of every row."""
         twin = copy.copy(self)
@@ -313,6 +338,26 @@ def _batch_indices(indices: object, batch_size: int) -> np.ndarray:
         raise InvalidIndices(f"{array.tolist()} has an index outside [0, {batch_size})")
     gather: np.ndarray = array.astype(np.int64)
     return gather
+
+
+def _selection_indices(indices: object, batch_size: int) -> np.ndarray:
+    """``indices`` as an int64 array of 1 to ``batch_size`` distinct entries in ``[0, batch_size)``, or
+    ``InvalidIndices``."""
+    if isinstance(indices, np.ndarray):
+        if indices.dtype.kind not in "iu" or indices.ndim != 1:
+            raise InvalidIndices(f"indices of dtype {indices.dtype} and shape {indices.shape}, not 1-D integers")
+        array = indices.astype(np.int64)
+    elif isinstance(indices, (list, tuple)):
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in indices):
+            raise InvalidIndices(f"{indices!r} holds something other than ints")
+        array = np.asarray(indices, dtype=np.int64).reshape(len(indices))
+    else:
+        raise InvalidIndices(f"a {type(indices).__name__}, not a sequence of ints")
+    if not 1 <= array.size <= batch_size or len(set(array.tolist())) != array.size:
+        raise InvalidIndices(f"{array.tolist()}: a selection holds 1 to {batch_size} distinct indices")
+    if array.min() < 0 or array.max() >= batch_size:
+        raise InvalidIndices(f"{array.tolist()} has an index outside [0, {batch_size})")
+    return array
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -69,7 +69,8 @@ class ReferenceAdapter(PagedReferenceMethods):
         "creation_errors", "gqa", "rope_interleaved", "rope_half_split", "partial_rotary",
         "physical_storage", "reset_keeps_bytes", "positionless", "decode_session", "prefix_store",
         "sliding_window", "positions_sinusoidal", "positions_rope",
-        "chunked_append", "truncate", "batch_reorder", "fork", "sliding_window_layer", "attention_sinks",
+        "chunked_append", "truncate", "batch_reorder", "batch_select", "batch_repeat", "fork",
+        "sliding_window_layer", "attention_sinks",
         "validates_length", "validates_indices", "paged_prefix_sharing",
     })
 
@@ -105,6 +106,12 @@ class ReferenceAdapter(PagedReferenceMethods):
 
     def reorder(self, cache: LayerKvCache, indices: Any) -> None:
         cache.reorder(indices)
+
+    def select(self, cache: LayerKvCache, indices: Any) -> None:
+        cache.select(indices)
+
+    def repeat_interleave(self, cache: LayerKvCache, repeats: Any) -> None:
+        cache.repeat_interleave(repeats)
 
     def fork(self, cache: LayerKvCache) -> LayerKvCache:
         return cache.fork()

@@ -170,6 +170,16 @@ class NoTruncation(ReferenceAdapter):
         raise NotImplementedError("this pool cannot truncate a sequence")
 
 
+class TilingRepeat(ReferenceAdapter):
+    """repeat_interleave that repeats the whole batch (np.tile: rows 0, 1, 0, 1) instead of each row in a row."""
+
+    def repeat_interleave(self, cache: Any, repeats: Any) -> None:
+        batch = cache.batch_size
+        super().repeat_interleave(cache, repeats)
+        if isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1:
+            super().reorder(cache, [(j % batch) * repeats for j in range(batch * repeats)])
+
+
 def _paged(policy: dict[str, Any]) -> Any:
     """The reference's pool under another declared policy (it implements every one)."""
     class Policy(ReferenceAdapter):
@@ -250,6 +260,8 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                                            {}, "unexpected exception"),
     "policy-shared-fork-claims-re-add": (lambda: Declared("twin-claims-re-add", REFERENCE, paged_policy={
         **ReferenceAdapter.paged_policy, "fork": "re_add"}), "paged", {}, ""),
+    "repeat-tiles-claims-batch-repeat": (lambda: Declared("twin-repeat-tiles", REFERENCE, TilingRepeat()),
+                                         "cache_operations", {}, ""),
     "limits-tied-two-heads-undeclared": (lambda: Declared("twin-tied", REFERENCE, TiedGeometry()), "layer_cache", {},
                                          "unexpected exception"),
     "limits-wide-heads-undeclared": (lambda: Declared("twin-wide-heads", REFERENCE, WideHeads()), "layer_cache", {},

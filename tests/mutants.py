@@ -357,6 +357,26 @@ MUTANTS = (
              "        return np.maximum(amax / self.largest, np.finfo(np.float32).tiny)"),),
            "a frozen scale calibrated on an all-zero update is float32's smallest normal: later rows read back 0",
            factory="make_fp8_adapter"),
+    # -- batch-size operations (select, repeat_interleave) --
+    Mutant("repeat_interleave_tiles", "cache.py",
+           (("self._regather(np.repeat(np.arange(self.batch_size), int(repeats)))",
+             "self._regather(np.tile(np.arange(self.batch_size), int(repeats)))"),),
+           "repeats the whole batch (np.tile) instead of each row in a row (torch.repeat_interleave)",
+           "cache operations"),
+    Mutant("select_negative_index_wraps", "cache.py",
+           (("    if array.min() < 0 or array.max() >= batch_size:\n"
+              "        raise InvalidIndices(f\"{array.tolist()} has an index outside [0, {batch_size})\")\n"
+              "    return array\n",
+             "    if array.max() >= batch_size:\n"
+              "        raise InvalidIndices(f\"{array.tolist()} has an index outside [0, {batch_size})\")\n"
+              "    return array\n"),),
+           "a selection's negative index wraps around, as numpy's indexing does", "cache operations"),
+    Mutant("select_keeps_the_old_scale", "cache.py",
+           (("        self._keys, self._values, self.batch_size = keys, values, len(gather)\n"
+              "        if self.storage is not None:\n            self._store(recompute=True)\n",
+             "        self._keys, self._values, self.batch_size = keys, values, len(gather)\n"),),
+           "after a select or repeat, a recomputed scale is not recomputed from the rows still held",
+           "cache operations", factory="make_int8_adapter"),
     # -- paged caches (#10) --
     Mutant("paged_hash_without_parent", "paged_cache.py",
            (("            digest = hashlib.sha256(parent)\n", "            digest = hashlib.sha256()\n"),),

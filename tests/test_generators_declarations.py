@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -184,4 +185,41 @@ def test_forks_are_drawn_as_the_paged_policy_declares(fork: str) -> None:
     if fork == "none":
         assert forked == []  # no rule forks: not fork, fork_and_append_to_both, nor the truncation rules
     else:
-        assert forked and (min(forked) >= 1 if fork == "re_add" else min(forked) == 0), forked
+        assert forked, "no fork drawn"
+        if fork == "re_add":  # a re-adding fork of no tokens is unspecified: never drawn
+            assert min(forked) >= 1, forked
+
+
+def test_selections_and_repeats_are_drawn_as_the_spec_allows_and_only_where_declared() -> None:
+    calls: dict[str, list[Any]] = {"select": [], "repeat_interleave": [], "batches": []}
+
+    class Recording(ReferenceAdapter):
+        def select(self, cache: Any, indices: Any) -> None:
+            calls["select"].append((cache.batch_size, indices))
+            super().select(cache, indices)
+
+        def repeat_interleave(self, cache: Any, repeats: Any) -> None:
+            calls["repeat_interleave"].append((cache.batch_size, repeats))
+            super().repeat_interleave(cache, repeats)
+
+        def step(self, layer: Any, cache: Any, x: Any) -> Any:
+            calls["batches"].append(cache.batch_size)
+            return super().step(layer, cache, x)
+
+    class Undeclared(Recording):
+        capabilities = ReferenceAdapter.capabilities - {"batch_select", "batch_repeat"}
+
+    for adapter in (Recording(), Undeclared()):
+        before = len(calls["select"]) + len(calls["repeat_interleave"])
+        result = run_machine("cache_operations", adapter, property_id="generators-batch-size",
+                             settings=profiles.settings_for("ci", max_examples=40, database=None))
+        assert result.failure is None, result.failure
+        if isinstance(adapter, Undeclared):
+            assert len(calls["select"]) + len(calls["repeat_interleave"]) == before
+    valid = [(b, list(i)) for b, i in calls["select"] if np.asarray(i).dtype.kind in "iu" and len(i)
+             and min(i) >= 0 and max(i) < b]
+    assert valid and all(i == sorted(set(i)) and 1 <= len(i) <= b for b, i in valid), valid
+    assert any(len(i) < b for b, i in valid)  # the batch shrinks
+    counts = [(b, r) for b, r in calls["repeat_interleave"] if type(r) is int and r >= 1]
+    assert any(r >= 2 for _, r in counts) and all(b * r <= 6 for b, r in counts), counts
+    assert max(calls["batches"]) > 3  # a repeat grew the batch past the largest one a cache is created with

@@ -9,7 +9,17 @@
 - ``layouts``: the memory layouts of a valid row.
 """
 
-from .arguments import Argument, batch_indices, indices_problem, length_problem, truncation_lengths
+from .arguments import (
+    Argument,
+    batch_indices,
+    batch_selections,
+    indices_problem,
+    length_problem,
+    repeat_counts,
+    repeats_problem,
+    selection_problem,
+    truncation_lengths,
+)
 from .decoders import (
     MAX_BLOCKS,
     MAX_SEQUENCE,
@@ -88,6 +98,7 @@ __all__ = [
     "MalformedRow",
     "attention_weights",
     "batch_indices",
+    "batch_selections",
     "block_update",
     "block_updates",
     "bounded_arrays",
@@ -112,12 +123,15 @@ __all__ = [
     "peak_features",
     "position_styles",
     "random_matrices",
+    "repeat_counts",
+    "repeats_problem",
     "requirements_of",
     "rope_bases",
     "rope_configs",
     "rows",
     "same_layout_copy",
     "score_overflows",
+    "selection_problem",
     "token_lists",
     "truncation_lengths",
     "weight_updates",

@@ -1,4 +1,5 @@
-"""Arguments of the cache operations (docs/spec.md §13): truncation lengths and batch indices, valid or not.
+"""Arguments of the cache operations (docs/spec.md §13): truncation lengths, batch indices, selections and repeat
+counts, valid or not.
 
 Each is an ``Argument``: the value, and the error kind it must be rejected with (None: valid).
 """
@@ -91,3 +92,63 @@ def indices_problem(value: object, batch_size: int) -> ErrorKind | None:
     if not ints or len(entries) != batch_size or any(not 0 <= int(i) < batch_size for i in entries):
         return ErrorKind.INVALID_INDICES
     return None
+
+
+@st.composite
+def batch_selections(draw: st.DrawFn, batch_size: int) -> Argument:
+    """``select``'s indices: 1 to B distinct ints in [0, B), increasing (a list or an int64 array); or one of: a
+    negative index, an index of B or more, none, floats, bools. An unsorted or repeated selection is never drawn
+    (unspecified: docs/spec.md §13.7)."""
+    kept = draw(st.lists(st.integers(0, batch_size - 1), min_size=1, max_size=batch_size, unique=True),
+                label="kept rows")
+    valid = sorted(kept)
+    if draw(st.integers(0, 3), label="invalid selection?") > 0:
+        as_list = draw(st.booleans(), label="as a list")
+        return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"rows {valid}")
+    problem = draw(st.sampled_from(["negative", "too large", "none", "floats", "bools"]), label="problem")
+    value: object
+    if problem == "negative":
+        value = np.array([-1, *valid[1:]], dtype=np.int64)
+    elif problem == "too large":
+        value = np.array([*valid[:-1], batch_size], dtype=np.int64)
+    elif problem == "none":
+        value = np.array([], dtype=np.int64)
+    elif problem == "floats":
+        value = np.array(valid, dtype=np.float64)
+    else:
+        value = np.array([True] * len(valid))
+    return Argument(value, ErrorKind.INVALID_INDICES.value, f"rows {value.tolist()} of {value.dtype} ({problem})")
+
+
+def selection_problem(value: object, batch_size: int) -> ErrorKind | None:
+    """What is wrong with ``select(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.7): anything but
+    1 to B distinct ints in ``[0, B)`` (a list, or a 1-D integer array) is INVALID_INDICES."""
+    if isinstance(value, np.ndarray):
+        ints = value.ndim == 1 and value.dtype.kind in "iu"
+        entries = value.tolist() if ints else []
+    elif isinstance(value, list):
+        ints, entries = all(_is_int(i) for i in value), value
+    else:
+        return ErrorKind.INVALID_INDICES
+    if not ints or not 1 <= len(entries) <= batch_size or len(set(entries)) != len(entries) or any(
+            not 0 <= int(i) < batch_size for i in entries):
+        return ErrorKind.INVALID_INDICES
+    return None
+
+
+@st.composite
+def repeat_counts(draw: st.DrawFn, batch_size: int, largest_batch: int) -> Argument:
+    """``repeat_interleave``'s count: an int from 1 to 3 that keeps the batch within ``largest_batch`` (small
+    steps, so that a grown batch can still be repeated), 2 or more where it can; or 0, a negative count, a bool,
+    a float."""
+    if draw(st.integers(0, 3), label="invalid count?") > 0:
+        top = max(1, min(3, largest_batch // batch_size))
+        repeats = draw(st.integers(min(2, top), top) | st.just(1), label="repeats")
+        return Argument(repeats, None, f"repeats = {repeats}")
+    value = draw(st.sampled_from([0, -1, True, 2.0]), label="invalid repeats")
+    return Argument(value, ErrorKind.INVALID_INDICES.value, f"repeats = {value!r}")
+
+
+def repeats_problem(value: object) -> ErrorKind | None:
+    """What is wrong with ``repeat_interleave(value)`` (docs/spec.md §13.7): anything but an int >= 1."""
+    return None if _is_int(value) and int(value) >= 1 else ErrorKind.INVALID_INDICES  # type: ignore[call-overload]

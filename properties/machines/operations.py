@@ -1,4 +1,5 @@
-"""The cache-operations machine: chunked append, truncate, batch reorder, fork, sliding windows (docs/spec.md §13).
+"""The cache-operations machine: chunked append, truncate, batch reorder, select and repeat, fork, sliding windows
+(docs/spec.md §13).
 
 Every rule of the layer's one-row step (``layer_steps``: single rows,
 malformed and non-finite inputs, other layers, reset, weight updates) plus
@@ -31,7 +32,8 @@ from ..traces.recording import Draws, rule
 from .layer_steps import LayerSteps, Parked, layer_needs, observed, shown
 
 MAX_PARKED = 2  # live caches besides the one operated on
-OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capability.BATCH_REORDER], [Capability.FORK])
+OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capability.BATCH_REORDER],
+                    [Capability.BATCH_SELECT], [Capability.BATCH_REPEAT], [Capability.FORK])
 
 
 class CacheOperationsMachine(LayerSteps):
@@ -132,6 +134,38 @@ class CacheOperationsMachine(LayerSteps):
                            observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
         if judged.to_judge:
             self.model.gather(np.asarray(indices.value, dtype=np.int64))
+
+    # -- batch size ----------------------------------------------------------------------------------------
+
+    @rule(requires=[Capability.BATCH_SELECT], data=st.data())
+    def select(self, data: Draws) -> None:
+        """Keep some batch rows, in order (finished sequences leave): the batch shrinks to them; every held row
+        keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed)."""
+        indices = data.draw(g.batch_selections(self.model.batch_size), label="rows")
+        self._regather(f"select the batch {indices.description}", indices.value,
+                       g.selection_problem(indices.value, self.model.batch_size),
+                       lambda given: self.adapter.select(self.cache, given), lambda: indices.value)
+
+    @rule(requires=[Capability.BATCH_REPEAT], data=st.data())
+    def repeat_interleave(self, data: Draws) -> None:
+        """Every batch row r times in a row (beam expansion): the batch grows to B * r. A count that is not an
+        int >= 1 is INVALID_INDICES (where validates_indices is claimed)."""
+        largest = min(2 * g.MAX_BATCH, self.limits.max_batch or 2 * g.MAX_BATCH)
+        repeats = data.draw(g.repeat_counts(self.model.batch_size, largest), label="repeats")
+        self._regather(f"repeat every batch row: {repeats.description}", repeats.value,
+                       g.repeats_problem(repeats.value),
+                       lambda given: self.adapter.repeat_interleave(self.cache, given),
+                       lambda: np.repeat(np.arange(self.model.batch_size), int(repeats.value)))  # type: ignore
+
+    def _regather(self, what: str, argument: object, problem: ErrorKind | None, action: Any,
+                  gather: Any) -> None:
+        """A call that gathers the batch anew (``gather()``: old row of each new one), judged as a reorder is."""
+        handed = Inputs()
+        given = handed("indices", argument)
+        judged = self.call(what, lambda: action(given), due=Due.check(problem), inputs=handed,
+                           observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
+        if judged.to_judge:
+            self.model.gather(np.asarray(gather(), dtype=np.int64))
 
     # -- forks ---------------------------------------------------------------------------------------------
 

@@ -515,14 +515,23 @@ class PagedCacheMachine(ConformanceMachine):
                        Capability.VALIDATES_LENGTH.value,
                        lambda: self.adapter.paged_truncate(self.pool, sequence, given), handed)
 
-    @rule(data=st.data())
-    def add_invalid_tokens(self, data: Draws) -> None:
-        """INVALID_TOKENS where validates_tokens is claimed; if it raises, nothing changed."""
+    def _add_invalid(self, data: Draws, where: str = "") -> None:
         problem, tokens = data.draw(g.invalid_token_sequences(self.config.vocab), label="invalid tokens")
         handed = Inputs()
         given = handed("tokens", tokens)
-        self._rejected(f"add {problem}", ErrorKind.INVALID_TOKENS, Capability.VALIDATES_TOKENS.value,
+        self._rejected(f"add {problem}{where}", ErrorKind.INVALID_TOKENS, Capability.VALIDATES_TOKENS.value,
                        lambda: self.adapter.paged_add(self.pool, self.decoders[0], SCOPES[0], given), handed)
+
+    @rule(data=st.data())
+    def add_invalid_tokens(self, data: Draws) -> None:
+        """INVALID_TOKENS where validates_tokens is claimed; if it raises, nothing changed."""
+        self._add_invalid(data)
+
+    @rule(data=st.data(), when=lambda self: not self.state.free and self.state.cached)
+    def add_invalid_tokens_where_room_needs_eviction(self, data: Draws) -> None:
+        """The same with no block free and some cached: a pool that makes room before it looks at the tokens
+        has evicted blocks it cannot give back (transformers' PagedAttentionCache, which checks no token)."""
+        self._add_invalid(data, " (no block free, some cached)")
 
     @rule(data=st.data(), when=lambda self: self.live)
     def free(self, data: Draws) -> None:

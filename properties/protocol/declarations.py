@@ -26,6 +26,7 @@ METHODS_OF = {
     "layer caches with RoPE": ("with_rope",),  # never called for positionless layers
     Capability.CHUNKED_APPEND.value: ("append",), Capability.TRUNCATE.value: ("truncate",),
     Capability.BATCH_REORDER.value: ("reorder",), Capability.FORK.value: ("fork",),
+    Capability.BATCH_SELECT.value: ("select",), Capability.BATCH_REPEAT.value: ("repeat_interleave",),
     Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
                                       "reset_session", "session_state"),
     Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",

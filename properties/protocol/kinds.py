@@ -77,6 +77,8 @@ class Capability(str, Enum):
     CHUNKED_APPEND = "chunked_append"  # append(layer, cache, x [B, T, D]): T rows at once, all or none
     TRUNCATE = "truncate"  # truncate(cache, n): keep the first n rows (speculative decoding's rollback)
     BATCH_REORDER = "batch_reorder"  # reorder(cache, indices): gather batch rows (beam search)
+    BATCH_SELECT = "batch_select"  # select(cache, indices): keep some batch rows (finished sequences leave)
+    BATCH_REPEAT = "batch_repeat"  # repeat_interleave(cache, repeats): each batch row repeated (beam expansion)
     FORK = "fork"  # fork(cache): an independent copy (parallel sampling)
     SLIDING_WINDOW_LAYER = "sliding_window_layer"  # create_cache(..., window=W); snapshots name positions
     # A window cache that truncates only until it has held W rows, then refuses every truncation with EVICTED

@@ -105,5 +105,12 @@ class CacheOperations(Protocol):
     def reorder(self, cache: Any, indices: np.ndarray) -> None:
         """``batch_reorder``: batch row ``b`` becomes the old row ``indices[b]`` (repeats and drops allowed)."""
 
+    def select(self, cache: Any, indices: Any) -> None:
+        """``batch_select``: keep the batch rows ``indices`` (increasing, distinct, 1 to B of them): the batch
+        shrinks to ``len(indices)``."""
+
+    def repeat_interleave(self, cache: Any, repeats: int) -> None:
+        """``batch_repeat``: every batch row ``repeats`` times in a row: the batch grows to ``B * repeats``."""
+
     def fork(self, cache: Any) -> Any:
         """``fork``: an independent copy; writes to either never show in the other."""
