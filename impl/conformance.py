@@ -247,6 +247,18 @@ def make_re_add_fork_adapter() -> ReAddForkAdapter:
     return ReAddForkAdapter()
 
 
+class EaglePagedAdapter(ReferenceAdapter):
+    """The reference whose paged pool drops the last matched block of every hit, as vLLM does with an EAGLE draft
+    head (its hidden states must be recomputed); declared."""
+
+    name = f"{ReferenceAdapter.name}[hit drops the last block]"
+    paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "hit_limit": "drops_last_hit"}
+
+
+def make_eagle_paged_adapter() -> EaglePagedAdapter:
+    return EaglePagedAdapter()
+
+
 def make_fp8_adapter() -> QuantizedReferenceAdapter:
     """float8_e4m3fn with one scale per tensor, frozen at the first update (transformers' fp8 rule)."""
     return QuantizedReferenceAdapter(StorageRule("float8_e4m3fn", "per_tensor", "frozen"))

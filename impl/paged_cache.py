@@ -32,7 +32,7 @@ from .prefix_store import computation_signature
 
 HASH_KEYS = ("scope", "signature")  # extra keys a block hash may cover besides its parent and its tokens
 EVICTIONS = ("lru", "all_at_once")  # which cached blocks make room: the least recently cached, or all of them
-HIT_LIMITS = ("before_last_token", "before_last_full_block")  # how many full blocks an add may reuse
+HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # how many full blocks an add reuses
 FORKS = ("shared", "re_add", "none")  # how a fork gets its rows: shared blocks, an add of its tokens, not at all
 
 
@@ -257,16 +257,18 @@ class PagedPool:
 
     def _longest_hit(self, tokens: list[int], scope: str, signature: str) -> list[int]:
         """Registered blocks of the longest hashed prefix, at most as many as the hit limit allows."""
-        if self.hit_limit == "before_last_token":
-            limit = (len(tokens) - 1) // self.block_size  # the last token is always recomputed
-        else:
+        if self.hit_limit == "before_last_full_block":
             limit = max(0, len(tokens) // self.block_size - 1)
+        else:
+            limit = (len(tokens) - 1) // self.block_size  # the last token is always recomputed
         hit = []
         for digest in self.chain(tokens, scope, signature, limit):
             block = self._block_of.get(digest)
             if block is None:
                 break
             hit.append(block)
+        if self.hit_limit == "drops_last_hit":  # a draft head (EAGLE) recomputes the last matched block
+            return hit[:-1]
         return hit
 
     def _register(self, held: Sequence, start: int) -> None:

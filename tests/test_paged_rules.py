@@ -42,6 +42,11 @@ def test_an_add_reuses_the_longest_registered_run_from_the_start() -> None:
     assert expected_hit(registered, [1, 2, 0, 4, 5, 6, 0], "app", "w", REFERENCE, 2) == [7]  # parent differs after
     assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "other", "w", REFERENCE, 2) == []
     assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "app", "v", REFERENCE, 2) == []
+    eagle = PagedPolicy(hit_limit="drops_last_hit")  # capped as before_last_token, then one block fewer
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "app", "w", eagle, 2) == [7, 8]
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6], "app", "w", eagle, 2) == [7]
+    assert expected_hit(registered, [1, 2, 0, 4, 5, 6, 0], "app", "w", eagle, 2) == []  # a shorter run: dropped too
+    assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "other", "w", eagle, 2) == []
 
 
 def test_blocks_an_operation_takes() -> None:

@@ -38,24 +38,25 @@ def chain_keys(tokens: Sequence[int], scope: str, signature: str, policy: PagedP
 
 
 def hit_limit(policy: PagedPolicy, length: int, block_size: int) -> int:
-    """How many full blocks an add of ``length`` tokens may reuse at most."""
-    if policy.hit_limit == "before_last_token":
-        return (length - 1) // block_size
-    return max(0, length // block_size - 1)
+    """How many leading full blocks an add of ``length`` tokens looks up at most (``drops_last_hit`` then drops
+    the last one matched)."""
+    if policy.hit_limit == "before_last_full_block":
+        return max(0, length // block_size - 1)
+    return (length - 1) // block_size
 
 
 def expected_hit(registered: Mapping[ChainKey, int], tokens: Sequence[int], scope: str, signature: str,
                  policy: PagedPolicy, block_size: int) -> list[int]:
     """The blocks an add must reuse: the registered blocks of the longest run of leading full blocks whose
-    identities are registered, at most the hit limit. Contiguous from the start: a registered block after
-    the first miss is not reused (its parent differs)."""
+    identities are registered, at most the hit limit (under ``drops_last_hit``, all but the last of them).
+    Contiguous from the start: a registered block after the first miss is not reused (its parent differs)."""
     hit = []
     for key in chain_keys(tokens, scope, signature, policy, block_size, hit_limit(policy, len(tokens), block_size)):
         block = registered.get(key)
         if block is None:
             break
         hit.append(block)
-    return hit
+    return hit[:-1] if policy.hit_limit == "drops_last_hit" else hit
 
 
 def blocks_needed(operation: str, length: int, block_size: int, *, new_tokens: int = 0, hit: int = 0,

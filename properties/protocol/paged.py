@@ -20,7 +20,8 @@ from .decoder import BlockState, DecoderAdapter
 PAGED_PREFIX_SHARING = "paged_prefix_sharing"
 HASH_KEYS = ("scope", "signature")  # what a block hash may cover besides its parent and its tokens
 EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at a time; or every cached block
-HIT_LIMITS = ("before_last_token", "before_last_full_block")  # (len-1)//bs full blocks; len//bs - 1
+HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # (len-1)//bs; len//bs - 1; and
+# the first, then one block fewer than matched (vLLM with an EAGLE draft head)
 FORKS = ("shared", "re_add", "none")  # share the parent's blocks; add its tokens again; no paged_fork
 
 
@@ -39,8 +40,9 @@ class PagedPolicy:
     - ``eviction``: ``"lru"`` (evict exactly the shortfall, least recently
       cached first) or ``"all_at_once"`` (every cached block, when short).
     - ``hit_limit``: ``"before_last_token"`` (at most ``(len-1)//bs`` full
-      blocks: the last token is always recomputed) or ``"before_last_full_block"``
-      (at most ``len//bs - 1``).
+      blocks: the last token is always recomputed), ``"before_last_full_block"``
+      (at most ``len//bs - 1``) or ``"drops_last_hit"`` (as the first, then the
+      last matched block dropped: vLLM with an EAGLE draft head).
     - ``truncate``: whether ``paged_truncate`` exists.
     - ``fork``: ``"shared"`` (the child shares the parent's full blocks and
       copies a partial one), ``"re_add"`` (the child is what ``paged_add`` of
