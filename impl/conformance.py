@@ -259,6 +259,19 @@ def make_eagle_paged_adapter() -> EaglePagedAdapter:
     return EaglePagedAdapter()
 
 
+class RequestKeysPagedAdapter(ReferenceAdapter):
+    """The reference whose paged blocks are hashed with the request keys too -- a LoRA adapter's name, multimodal
+    hashes, a salt -- each tagged with its name (vLLM's extra keys); declared."""
+
+    name = f"{ReferenceAdapter.name}[request keys hashed]"
+    paged_policy: ClassVar[dict[str, Any]] = {
+        **ReferenceAdapter.paged_policy, "hash_keys": ["scope", "signature", "lora", "multimodal", "salt"]}
+
+
+def make_request_keys_paged_adapter() -> RequestKeysPagedAdapter:
+    return RequestKeysPagedAdapter()
+
+
 def make_fp8_adapter() -> QuantizedReferenceAdapter:
     """float8_e4m3fn with one scale per tensor, frozen at the first update (transformers' fp8 rule)."""
     return QuantizedReferenceAdapter(StorageRule("float8_e4m3fn", "per_tensor", "frozen"))

@@ -30,7 +30,8 @@ from .errors import CacheFull, CacheLayerRevisionMismatch, InvalidLayerConfig, I
 from .parameters import Parameter
 from .prefix_store import computation_signature
 
-HASH_KEYS = ("scope", "signature")  # extra keys a block hash may cover besides its parent and its tokens
+HASH_KEYS = ("scope", "signature", "lora", "multimodal", "salt")  # what a block hash may cover besides parent, tokens
+REQUEST_KEYS = ("lora", "multimodal", "salt")  # given with each add (a LoRA adapter's name, ...); "" means none
 EVICTIONS = ("lru", "all_at_once")  # which cached blocks make room: the least recently cached, or all of them
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # how many full blocks an add reuses
 FORKS = ("shared", "re_add", "none")  # how a fork gets its rows: shared blocks, an add of its tokens, not at all
@@ -68,6 +69,7 @@ class Sequence:
 
     model: Decoder
     scope: str
+    keys: tuple[tuple[str, str], ...]  # the request keys the hash covers, each (name, value); "" is none
     tokens: list[int]
     table: list[int]
     signature: str  # of the weights its rows were computed with
@@ -116,7 +118,7 @@ class PagedPool:
     """Blocks, block tables, reference counts, a hash registry and an LRU of cached blocks."""
 
     def __init__(self, layers: int, kv_heads: int, head_width: int, block_size: int, num_blocks: int, *,
-                 hash_keys: Iterable[str] = HASH_KEYS, eviction: str = "lru",
+                 hash_keys: Iterable[str] = ("scope", "signature"), eviction: str = "lru",
                  hit_limit: str = "before_last_token", fork: str = "shared") -> None:
         for name, value in (("layers", layers), ("kv heads", kv_heads), ("head width", head_width),
                             ("block size", block_size), ("block count", num_blocks)):
@@ -159,14 +161,15 @@ class PagedPool:
 
     # -- operations --------------------------------------------------------------------------------------
 
-    def add(self, model: Decoder, scope: str, tokens: object) -> AddResult:
+    def add(self, model: Decoder, scope: str, tokens: object, keys: object = None) -> AddResult:
         """A new sequence: reuse the longest registered prefix (whole blocks, hit limit); compute the rest."""
         ids = [int(t) for t in validate_tokens(tokens, model.vocab)]
         self._check_model(model)
         if not isinstance(scope, str):
             raise InvalidLayerConfig(f"paged pool: scope must be a str, got {type(scope).__name__}")
+        request = self._request_keys(keys)
         signature = computation_signature(model)
-        hit = self._longest_hit(ids, scope, signature)
+        hit = self._longest_hit(ids, scope, signature, request)
         reused = len(hit) * self.block_size
         needed = self._blocks_for(len(ids)) - len(hit)
         self._check_room(needed, keep=hit)
@@ -174,7 +177,7 @@ class PagedPool:
         for block in hit:
             self._acquire(block)
         table = hit + self._take(needed)
-        held = Sequence(model, scope, ids, table, signature, _versions(model))
+        held = Sequence(model, scope, request, ids, table, signature, _versions(model))
         self._write(held, reused, computed)
         sequence, self._next_id = self._next_id, self._next_id + 1
         self._sequences[sequence] = held
@@ -207,7 +210,7 @@ class PagedPool:
         if self.fork_policy == "none":
             raise NotImplementedError("this pool does not fork")
         if self.fork_policy == "re_add":
-            return self.add(held.model, held.scope, held.tokens).sequence
+            return self.add(held.model, held.scope, held.tokens, dict(held.keys)).sequence
         full = len(held.tokens) // self.block_size
         needed = len(held.table) - full
         self._check_room(needed)
@@ -216,7 +219,7 @@ class PagedPool:
             self._acquire(block)
         copies = [self._copy_of(block) for block in held.table[full:]]
         child, self._next_id = self._next_id, self._next_id + 1
-        self._sequences[child] = Sequence(held.model, held.scope, list(held.tokens), shared + copies,
+        self._sequences[child] = Sequence(held.model, held.scope, held.keys, list(held.tokens), shared + copies,
                                           held.signature, held.versions)
         return child
 
@@ -241,10 +244,13 @@ class PagedPool:
 
     # -- the rules ---------------------------------------------------------------------------------------
 
-    def chain(self, tokens: list[int], scope: str, signature: str, blocks: int) -> list[bytes]:
-        """The chained hash of each of the first ``blocks`` full blocks of ``tokens``."""
+    def chain(self, tokens: list[int], scope: str, signature: str, blocks: int,
+              request: tuple[tuple[str, str], ...] = ()) -> list[bytes]:
+        """The chained hash of each of the first ``blocks`` full blocks of ``tokens``. Every extra key is tagged
+        with its name: a LoRA adapter named "X" and a salt "X" are different keys (vLLM #44701)."""
         extra = b"".join(f"{key}={value}\0".encode() for key, value in (("scope", scope), ("signature", signature))
                          if key in self.hash_keys)
+        extra += b"".join(f"{key}={value}\0".encode() for key, value in request if value)
         hashes, parent = [], b""
         for index in range(blocks):
             run = tokens[index * self.block_size:(index + 1) * self.block_size]
@@ -255,14 +261,15 @@ class PagedPool:
             hashes.append(parent)
         return hashes
 
-    def _longest_hit(self, tokens: list[int], scope: str, signature: str) -> list[int]:
+    def _longest_hit(self, tokens: list[int], scope: str, signature: str,
+                     request: tuple[tuple[str, str], ...]) -> list[int]:
         """Registered blocks of the longest hashed prefix, at most as many as the hit limit allows."""
         if self.hit_limit == "before_last_full_block":
             limit = max(0, len(tokens) // self.block_size - 1)
         else:
             limit = (len(tokens) - 1) // self.block_size  # the last token is always recomputed
         hit = []
-        for digest in self.chain(tokens, scope, signature, limit):
+        for digest in self.chain(tokens, scope, signature, limit, request):
             block = self._block_of.get(digest)
             if block is None:
                 break
@@ -275,11 +282,20 @@ class PagedPool:
         """Register the blocks of ``held`` that became full since it had ``start`` tokens. A duplicate of a
         registered chain stays unregistered for good: the registered block serves later hits."""
         full = len(held.tokens) // self.block_size
-        chain = self.chain(held.tokens, held.scope, held.signature, full)
+        chain = self.chain(held.tokens, held.scope, held.signature, full, held.keys)
         for index in range(start // self.block_size, full):
             block, digest = held.table[index], chain[index]
             if block not in self._hash_of and digest not in self._block_of:
                 self._block_of[digest], self._hash_of[block] = block, digest
+
+    def _request_keys(self, keys: object) -> tuple[tuple[str, str], ...]:
+        """The declared request keys of an add, each with a str value ("" means none, left out of the hash)."""
+        wanted = sorted(self.hash_keys & set(REQUEST_KEYS))
+        given = {} if keys is None else keys
+        if not isinstance(given, dict) or sorted(given) != wanted or \
+                not all(isinstance(value, str) for value in given.values()):
+            raise InvalidLayerConfig(f"paged pool: keys must map exactly {wanted} to strs, got {keys!r}")
+        return tuple((name, given[name]) for name in wanted)
 
     def _copy_on_write(self, held: Sequence) -> int | None:
         """The index of the block the next row lands in, if it is shared or registered (it must be copied)."""

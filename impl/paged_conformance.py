@@ -31,8 +31,8 @@ class PagedReferenceMethods:
                          hash_keys=policy["hash_keys"], eviction=policy["eviction"], hit_limit=policy["hit_limit"],
                          fork=policy["fork"])
 
-    def paged_add(self, pool: PagedPool, decoder: Decoder, scope: str, tokens: Any) -> AddResult:
-        return pool.add(decoder, scope, tokens)
+    def paged_add(self, pool: PagedPool, decoder: Decoder, scope: str, tokens: Any, keys: Any = None) -> AddResult:
+        return pool.add(decoder, scope, tokens, keys)
 
     def paged_append(self, pool: PagedPool, sequence: int, tokens: Any) -> Any:
         return pool.append(sequence, tokens)

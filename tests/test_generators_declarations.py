@@ -223,3 +223,32 @@ def test_selections_and_repeats_are_drawn_as_the_spec_allows_and_only_where_decl
     counts = [(b, r) for b, r in calls["repeat_interleave"] if type(r) is int and r >= 1]
     assert any(r >= 2 for _, r in counts) and all(b * r <= 6 for b, r in counts), counts
     assert max(calls["batches"]) > 3  # a repeat grew the batch past the largest one a cache is created with
+
+
+def test_request_keys_are_drawn_only_where_declared_and_collide_across_keys() -> None:
+    given: list[Any] = []
+
+    class Recording(ReferenceAdapter):
+        paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy,
+                                                  "hash_keys": ["scope", "signature", "lora", "salt"]}
+
+        def paged_add(self, pool: Any, decoder: Any, scope: str, tokens: Any, *keys: Any) -> Any:
+            given.append(keys)
+            return super().paged_add(pool, decoder, scope, tokens, *keys)
+
+    class Undeclared(Recording):
+        paged_policy: ClassVar[dict[str, Any]] = ReferenceAdapter.paged_policy
+
+    for adapter in (Recording(), Undeclared()):
+        start = len(given)
+        result = run_machine("paged", adapter, property_id="generators-request-keys",
+                             settings=profiles.settings_for("ci", max_examples=30, database=None))
+        assert result.failure is None, result.failure
+        drawn = given[start:]
+        if isinstance(adapter, Undeclared):
+            assert drawn and all(keys == () for keys in drawn)  # no keys argument at all
+            continue
+        assert drawn and all(len(keys) == 1 and set(keys[0]) == {"lora", "salt"} for keys in drawn)
+        values = [keys[0] for keys in drawn]
+        assert all(set(v.values()) <= {"", "X", "app"} for v in values)
+        assert {"lora": "X", "salt": ""} in values and {"lora": "", "salt": "X"} in values  # one value, two keys

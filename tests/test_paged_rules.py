@@ -9,6 +9,7 @@ from kvcache_conformance.machines.paged_rules import (
     chain_keys,
     eviction_problem,
     expected_hit,
+    extra_keys,
     fits,
     hit_limit,
     same_prefix,
@@ -83,13 +84,23 @@ def test_sound_and_unsound_sharing() -> None:
     assert "other keys" in str(same_prefix([("a", 0, [1, 2], keys), ("b", 0, [1, 2], (("scope", "x"),))], 2))
 
 
+def test_request_keys_are_named_and_none_is_left_out() -> None:
+    policy = PagedPolicy(hash_keys=frozenset({"scope", "lora", "salt"}))
+    assert policy.request_keys == ("lora", "salt")
+    lora_x = extra_keys(policy, "app", "w", (("lora", "X"), ("salt", "")))
+    salt_x = extra_keys(policy, "app", "w", (("lora", ""), ("salt", "X")))
+    assert lora_x == (("scope", "app"), ("lora", "X")) and salt_x == (("scope", "app"), ("salt", "X"))
+    assert lora_x != salt_x  # one value under two keys is two identities
+    assert extra_keys(policy, "app", "w", (("lora", ""), ("salt", ""))) == (("scope", "app"),)
+
+
 def test_policies_are_read_and_checked() -> None:
     class Declares:
         paged_policy: ClassVar[dict[str, object]] = {"hash_keys": [], "eviction": "all_at_once", "truncate": False}
 
     assert PagedPolicy.of(Declares()) == TRANSFORMERS
     assert PagedPolicy.of(object()) == REFERENCE
-    for bad in ({"hash_keys": ["lora"]}, {"eviction": "fifo"}, {"hit_limit": 3}, {"colour": 1}, {"truncate": 1},
+    for bad in ({"hash_keys": ["lora id"]}, {"eviction": "fifo"}, {"hit_limit": 3}, {"colour": 1}, {"truncate": 1},
                 {"hash_keys": "scope"}):
         Declares.paged_policy = bad
         try:

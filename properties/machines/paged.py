@@ -62,6 +62,8 @@ from .paged_rules import (
 )
 
 SCOPES = ("app", "other app")
+REQUEST_VALUES = ("", "X", SCOPES[0])  # "" is none; "X" under two keys, or a scope's name, collide if untagged
+Request = tuple[tuple[str, str], ...]  # (request key, value) for every declared request key
 MAX_LENGTH = 10  # tokens per sequence: the oracle recomputes every live one after every step
 MAX_BLOCK_SIZE, MAX_BLOCKS = 3, 8
 INVALID_LENGTHS = ("one past the length", "negative", "a bool", "an integral float", "a string")
@@ -77,6 +79,7 @@ class Live:
     scope: str
     weights: DecoderWeights  # what its rows were computed with
     signature: str
+    request: Request = ()  # its declared request keys (a LoRA adapter's name, ...), "" values meaning none
     stale: bool = False  # its decoder's weights were written in place since
     settled: int = 0  # its leading full blocks already offered for registration (a block is offered once, when full)
 
@@ -124,7 +127,7 @@ class PagedCacheMachine(ConformanceMachine):
         self.content: dict[int, ChainKey] = {}  # block -> the identity it is registered with
         self.stamps: dict[int, int] = {}  # cached block -> when it was cached
         self.clock = 0
-        self.history: list[tuple[list[int], str, int]] = []  # earlier adds: (tokens, scope, decoder)
+        self.history: list[tuple[list[int], str, int, Request]] = []  # earlier adds: tokens, scope, decoder, keys
         self._verified: dict[Hashable, tuple[Any, ...]] = {}  # sequence -> what its rows were checked as
         self.state = self._read_state(what)
         self._check_accounting(self.state, what)
@@ -157,10 +160,11 @@ class PagedCacheMachine(ConformanceMachine):
     # -- the rules, applied to what the adapter did ----------------------------------------------------------
 
     def _keys(self, live: Live) -> tuple[tuple[str, str], ...]:
-        return extra_keys(self.policy, live.scope, live.signature)
+        return extra_keys(self.policy, live.scope, live.signature, live.request)
 
     def _chains(self, live: Live) -> list[ChainKey]:
-        return chain_keys(live.tokens, live.scope, live.signature, self.policy, self.block_size)
+        return chain_keys(live.tokens, live.scope, live.signature, self.policy, self.block_size,
+                          request=live.request)
 
     def _check_accounting(self, state: PoolState, what: str) -> None:
         """Tables as long as their sequences; references = tables holding each block; free + referenced +
@@ -243,14 +247,17 @@ class PagedCacheMachine(ConformanceMachine):
 
     # -- operations --------------------------------------------------------------------------------------------
 
-    def _add(self, tokens: list[int], scope: str, index: int, fork_of: Hashable | None = None) -> Hashable | None:
+    def _add(self, tokens: list[int], scope: str, index: int, request: Request = (),
+             fork_of: Hashable | None = None) -> Hashable | None:
         """Add ``tokens``; or, with ``fork_of``, fork that sequence under ``"fork": "re_add"``, which must do what
         this add would (the new id is all it returns). The new sequence's id, or None if the pool was full."""
         weights = self.weights[index]
         key = signature(weights)
-        hit = expected_hit(self.registered, tokens, scope, key, self.policy, self.block_size)
+        request = request or self._no_request_keys()
+        hit = expected_hit(self.registered, tokens, scope, key, self.policy, self.block_size, request)
         needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))
-        what = (f"add {tokens} in scope {scope!r} with decoder {index}" if fork_of is None else
+        keys = f" and keys {dict(request)}" if request else ""
+        what = (f"add {tokens} in scope {scope!r}{keys} with decoder {index}" if fork_of is None else
                 f"fork sequence {fork_of!r} of {len(tokens)} tokens (re-added in scope {scope!r})")
         handed = Inputs()
         given = handed("tokens", tokens)
@@ -258,7 +265,7 @@ class PagedCacheMachine(ConformanceMachine):
         def action() -> Any:
             if fork_of is not None:
                 return self.adapter.paged_fork(self.pool, fork_of)
-            return self.adapter.paged_add(self.pool, self.decoders[index], scope, given)
+            return self._paged_add(index, scope, given, request)
 
         before = self.state
         if not fits(needed, before.free, set(before.cached), set(hit)):
@@ -281,8 +288,8 @@ class PagedCacheMachine(ConformanceMachine):
         if not isinstance(sequence, Hashable) or sequence in self.live:
             raise NonConformance(f"{what}: returned sequence id {sequence!r}, which is not a new hashable id",
                                  kind="malformed result")
-        self.live[sequence] = Live(list(tokens), index, scope, weights, key)
-        self.history = [*self.history, (list(tokens), scope, index)][-6:]
+        self.live[sequence] = Live(list(tokens), index, scope, weights, key, request)
+        self.history = [*self.history, (list(tokens), scope, index, request)][-6:]
         after = self._read_state(what)
         table = after.tables.get(sequence, ())
         if list(table[:len(hit)]) != hit:
@@ -333,7 +340,7 @@ class PagedCacheMachine(ConformanceMachine):
         """Fork ``sequence`` as the policy declares; the child's id, or None if the pool was full."""
         live = self.live[sequence]
         if self.policy.fork == "re_add":
-            return self._add(list(live.tokens), live.scope, live.decoder, fork_of=sequence)
+            return self._add(list(live.tokens), live.scope, live.decoder, live.request, fork_of=sequence)
         before = self.state
         needed = blocks_needed("fork", len(live.tokens), self.block_size)
         what = f"fork sequence {sequence!r} of {len(live.tokens)} tokens"
@@ -400,21 +407,23 @@ class PagedCacheMachine(ConformanceMachine):
         its tokens (which reuses its registered full blocks)."""
         if self.policy.fork == "none":
             live = self.live[sequence]
-            self._add(list(live.tokens), live.scope, live.decoder)
+            self._add(list(live.tokens), live.scope, live.decoder, live.request)
         else:
             self._fork(sequence)
 
     def _pick(self, data: Draws, among: list[Hashable], label: str) -> Hashable:
         return among[data.choose(range(len(among)), label)]
 
-    def _tokens(self, data: Draws) -> tuple[list[int], str, int]:
-        """Tokens, scope and decoder of an add: fresh, or built from an earlier add so that prefixes meet."""
+    def _tokens(self, data: Draws) -> tuple[list[int], str, int, Request]:
+        """Tokens, scope, decoder and request keys of an add: fresh, or built from an earlier add so that prefixes
+        meet."""
         kind = data.choose(["fresh", *(VARIANTS if self.history else ())], "add kind")
         vocab = self.config.vocab
         if kind == "fresh":
             tokens = data.draw(g.token_lists(vocab, 1, 8), label="tokens")
-            return tokens, data.choose(SCOPES, "scope"), data.choose(range(len(self.decoders)), "decoder")
-        base, scope, index = self.history[data.choose(range(len(self.history)), "from add")]
+            return (tokens, data.choose(SCOPES, "scope"), data.choose(range(len(self.decoders)), "decoder"),
+                    self._request_keys(data))
+        base, scope, index, request = self.history[data.choose(range(len(self.history)), "from add")]
         tokens = list(base)
         if kind == "extend":
             tokens += data.draw(g.token_lists(vocab, 1, 4), label="extension")
@@ -426,7 +435,23 @@ class PagedCacheMachine(ConformanceMachine):
         if not data.draw(st.booleans(), label="same scope and decoder"):
             scope = data.choose(SCOPES, "scope")
             index = data.choose(range(len(self.decoders)), "decoder")
-        return tokens[:MAX_LENGTH], scope, index
+            request = self._request_keys(data)
+        return tokens[:MAX_LENGTH], scope, index, request
+
+    def _request_keys(self, data: Draws) -> Request:
+        """A value for each declared request key, from a few shared by every key and the scopes (so that an
+        untagged hash, one value under two keys, would collide); none drawn if none is declared."""
+        return tuple((key, data.optional(st.sampled_from(REQUEST_VALUES), f"{key} key", ""))  # older traces: none
+                     for key in self.policy.request_keys)
+
+    def _no_request_keys(self) -> Request:
+        return tuple((key, "") for key in self.policy.request_keys)
+
+    def _paged_add(self, index: int, scope: str, tokens: Any, request: Request) -> Any:
+        """``paged_add``, with ``keys`` only where the policy declares request keys."""
+        if self.policy.request_keys:
+            return self.adapter.paged_add(self.pool, self.decoders[index], scope, tokens, dict(request))
+        return self.adapter.paged_add(self.pool, self.decoders[index], scope, tokens)
 
     # -- rules -----------------------------------------------------------------------------------------------------
 
@@ -443,6 +468,17 @@ class PagedCacheMachine(ConformanceMachine):
         index = data.choose(range(len(self.decoders)), "decoder")
         for scope in (SCOPES[0], SCOPES[1], SCOPES[0]):
             self._add(tokens, scope, index)
+
+    @rule(data=st.data(), when=lambda self: bool(self.policy.request_keys))
+    def add_one_value_under_each_request_key(self, data: Draws) -> None:
+        """One prompt of two or more blocks with no request key, then with the same value under each declared
+        request key in turn, then with none again: nothing shared between them, except with the first (a hash of
+        untagged values would take a LoRA adapter named "X" for a salt "X", vLLM #44701)."""
+        tokens = data.draw(g.token_lists(self.config.vocab, self.block_size + 1, MAX_LENGTH), label="tokens")
+        index = data.choose(range(len(self.decoders)), "decoder")
+        none = self._no_request_keys()
+        for chosen in (None, *self.policy.request_keys, None):
+            self._add(tokens, SCOPES[0], index, tuple((key, "X" if key == chosen else "") for key, _ in none))
 
     @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
     def append(self, data: Draws) -> None:
@@ -520,7 +556,7 @@ class PagedCacheMachine(ConformanceMachine):
         handed = Inputs()
         given = handed("tokens", tokens)
         self._rejected(f"add {problem}{where}", ErrorKind.INVALID_TOKENS, Capability.VALIDATES_TOKENS.value,
-                       lambda: self.adapter.paged_add(self.pool, self.decoders[0], SCOPES[0], given), handed)
+                       lambda: self._paged_add(0, SCOPES[0], given, self._no_request_keys()), handed)
 
     @rule(data=st.data())
     def add_invalid_tokens(self, data: Draws) -> None:

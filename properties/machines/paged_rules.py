@@ -24,16 +24,18 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def extra_keys(policy: PagedPolicy, scope: str, signature: str) -> tuple[tuple[str, str], ...]:
-    return tuple((name, value) for name, value in (("scope", scope), ("signature", signature))
-                 if name in policy.hash_keys)
+def extra_keys(policy: PagedPolicy, scope: str, signature: str,
+               request: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, str], ...]:
+    """The declared keys of an identity, each named: a request key's value "" is none, and left out."""
+    return tuple((name, value) for name, value in (("scope", scope), ("signature", signature), *request)
+                 if name in policy.hash_keys and (value or name in ("scope", "signature")))
 
 
 def chain_keys(tokens: Sequence[int], scope: str, signature: str, policy: PagedPolicy, block_size: int,
-               blocks: int | None = None) -> list[ChainKey]:
+               blocks: int | None = None, request: Sequence[tuple[str, str]] = ()) -> list[ChainKey]:
     """The identity of each full block of ``tokens`` (or of the first ``blocks``): prefix up to its end, keys."""
     full = len(tokens) // block_size if blocks is None else blocks
-    extra = extra_keys(policy, scope, signature)
+    extra = extra_keys(policy, scope, signature, request)
     return [(extra, tuple(int(t) for t in tokens[:(index + 1) * block_size])) for index in range(full)]
 
 
@@ -46,12 +48,13 @@ def hit_limit(policy: PagedPolicy, length: int, block_size: int) -> int:
 
 
 def expected_hit(registered: Mapping[ChainKey, int], tokens: Sequence[int], scope: str, signature: str,
-                 policy: PagedPolicy, block_size: int) -> list[int]:
+                 policy: PagedPolicy, block_size: int, request: Sequence[tuple[str, str]] = ()) -> list[int]:
     """The blocks an add must reuse: the registered blocks of the longest run of leading full blocks whose
     identities are registered, at most the hit limit (under ``drops_last_hit``, all but the last of them).
     Contiguous from the start: a registered block after the first miss is not reused (its parent differs)."""
     hit = []
-    for key in chain_keys(tokens, scope, signature, policy, block_size, hit_limit(policy, len(tokens), block_size)):
+    for key in chain_keys(tokens, scope, signature, policy, block_size, hit_limit(policy, len(tokens), block_size),
+                          request):
         block = registered.get(key)
         if block is None:
             break

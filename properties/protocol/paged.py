@@ -18,7 +18,8 @@ import numpy as np
 from .decoder import BlockState, DecoderAdapter
 
 PAGED_PREFIX_SHARING = "paged_prefix_sharing"
-HASH_KEYS = ("scope", "signature")  # what a block hash may cover besides its parent and its tokens
+HASH_KEYS = ("scope", "signature", "lora", "multimodal", "salt")  # what a block hash may cover besides parent, tokens
+REQUEST_KEYS = ("lora", "multimodal", "salt")  # the keys given with each add, when declared ("" means none)
 EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at a time; or every cached block
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # (len-1)//bs; len//bs - 1; and
 # the first, then one block fewer than matched (vLLM with an EAGLE draft head)
@@ -36,7 +37,9 @@ class PagedPolicy:
     - ``hash_keys``: the extra keys of a block's hash. Without ``"signature"``
       the pool belongs to one computation: the suite never mixes weights in one
       pool, and a weight update replaces the pool. Without ``"scope"`` sharing
-      across scopes is declared, and must then happen.
+      across scopes is declared, and must then happen. ``"lora"``,
+      ``"multimodal"``, ``"salt"``: request keys (``REQUEST_KEYS``), given to
+      every ``paged_add`` as ``keys``; each is a key of its own ("" means none).
     - ``eviction``: ``"lru"`` (evict exactly the shortfall, least recently
       cached first) or ``"all_at_once"`` (every cached block, when short).
     - ``hit_limit``: ``"before_last_token"`` (at most ``(len-1)//bs`` full
@@ -51,7 +54,7 @@ class PagedPolicy:
       ``"none"`` (no ``paged_fork``: no rule that forks is drawn).
     """
 
-    hash_keys: frozenset[str] = frozenset(HASH_KEYS)
+    hash_keys: frozenset[str] = frozenset({"scope", "signature"})
     eviction: str = "lru"
     hit_limit: str = "before_last_token"
     truncate: bool = True
@@ -68,7 +71,7 @@ class PagedPolicy:
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-        keys = given.get("hash_keys", HASH_KEYS)
+        keys = given.get("hash_keys", ("scope", "signature"))
         if isinstance(keys, str) or not all(key in HASH_KEYS for key in keys):
             raise PolicyError(f"paged_policy['hash_keys'] must be a list drawn from {list(HASH_KEYS)}, got {keys!r}")
         eviction, hit_limit = given.get("eviction", "lru"), given.get("hit_limit", "before_last_token")
@@ -83,6 +86,11 @@ class PagedPolicy:
         if fork not in FORKS:
             raise PolicyError(f"paged_policy['fork'] must be one of {list(FORKS)}, got {fork!r}")
         return cls(frozenset(keys), eviction, hit_limit, truncate, fork)
+
+    @property
+    def request_keys(self) -> tuple[str, ...]:
+        """The declared request keys, in a stable order: ``paged_add`` is given one str value for each."""
+        return tuple(key for key in REQUEST_KEYS if key in self.hash_keys)
 
     def methods(self) -> tuple[str, ...]:
         """The paged methods this policy adds to those of ``paged_prefix_sharing``."""
@@ -134,9 +142,10 @@ class PagedCacheAdapter(DecoderAdapter, Protocol):
     def create_pool(self, config: Any, block_size: int, num_blocks: int) -> Any:
         """An empty pool of ``num_blocks`` blocks of ``block_size`` rows, for decoders of ``config``'s geometry."""
 
-    def paged_add(self, pool: Any, decoder: Any, scope: str, tokens: Any) -> PagedAdd:
+    def paged_add(self, pool: Any, decoder: Any, scope: str, tokens: Any, keys: Mapping[str, str] = ...) -> PagedAdd:
         """A new sequence: reuse the longest registered prefix (whole blocks, within the hit limit), compute the
-        rest. Raises ``full`` (changing nothing) when the blocks it needs are neither free nor evictable."""
+        rest. Raises ``full`` (changing nothing) when the blocks it needs are neither free nor evictable. ``keys``
+        (a dict: each declared request key -> a str, "" for none) is passed only if ``hash_keys`` declares one."""
 
     def paged_append(self, pool: Any, sequence: Hashable, tokens: Any) -> np.ndarray:
         """``T >= 1`` tokens at positions ``len..len+T-1``, causal inside the chunk; logits ``[T, vocab]``."""
