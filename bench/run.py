@@ -17,7 +17,7 @@
 - tolerance: the float32 example adapter on 3,000 random layers (~13,000
   steps): its error in ulps at the output's magnitude, and its error as a
   fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
-- mixed: the float32-RoPE-table and float32-softmax example adapters (float64
+- mixed: the float32-RoPE-table, float32-softmax and float32-rotation example adapters (float64
   otherwise, ``mixed_precision`` declared) on 1,000 random layers at
   positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
   (median, max, steps over 1), the ulp floor that would take, and error / the
@@ -217,14 +217,19 @@ def bench_tolerance() -> None:
               f"{int((ratio > 1).sum())}")
 
 
-def bench_mixed() -> None:
-    from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
+def bench_mixed(only: str | None = None) -> None:
+    from examples.minimal_adapter import (
+        make_float32_rope_adapter,
+        make_float32_rotation_adapter,
+        make_float32_softmax_adapter,
+    )
     from kvcache_conformance.judge.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
     from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
 
     # (layers, first checked position at most): the documented ranges (the layer machine's capacity is 8,
     # a decoder's sequence 12), then deeper positions, where the RoPE angle errors grow
-    for make in (make_float32_rope_adapter, make_float32_softmax_adapter):
+    makers = (make_float32_rope_adapter, make_float32_softmax_adapter, make_float32_rotation_adapter)
+    for make in (m for m in makers if only is None or only in m.__name__):
         for layers, deepest in ((1000, 4), (300, 56)):
             adapter, rng = make(), np.random.default_rng(0)
             judge = Judge.for_adapter(adapter, FLOAT64)

@@ -13,7 +13,8 @@ it declares ``dtype = "float32"`` and is judged by the low-precision rule
 (``properties/tolerance.py``) instead of 1e-12. ``make_float32_rope_adapter``
 stays float64 but computes its RoPE table (angles, cos, sin) in float32, as
 Hugging Face's ``LlamaRotaryEmbedding`` does in a float64 model, and
-``make_float32_softmax_adapter`` its softmax: each declares it in
+``make_float32_softmax_adapter`` its softmax, ``make_float32_rotation_adapter``
+its whole rotation (table and products): each declares it in
 ``mixed_precision`` and is judged by the mixed-precision rule.
 """
 
@@ -38,14 +39,16 @@ class Cache:
         self.values: list[np.ndarray] = []
 
 
-def rotate(x: np.ndarray, position: int, rope: Any, table: str | None = None) -> np.ndarray:
-    """Interleaved RoPE of ``x [..., dh]`` at ``position``; angles, cos and sin in dtype ``table`` (None: float64).
-    A layer without RoPE (``rope`` None) is not rotated."""
+def rotate(x: np.ndarray, position: int, rope: Any, table: str | None = None,
+           rotation: str | None = None) -> np.ndarray:
+    """Interleaved RoPE of ``x [..., dh]`` at ``position``; angles, cos and sin in dtype ``table`` (None: float64),
+    or, with ``rotation``, the table and the rotation itself in that dtype (the result back in x's). A layer
+    without RoPE (``rope`` None) is not rotated."""
     if rope is None:
         return x
-    r = rope.rotary_width
+    r, table = rope.rotary_width, rotation or table
     theta = position * np.asarray(rope.base, table) ** (-np.arange(0, r, 2, dtype=table) / r)
-    a, b = x[..., 0:r:2], x[..., 1:r:2]
+    a, b = x[..., 0:r:2].astype(rotation or x.dtype), x[..., 1:r:2].astype(rotation or x.dtype)
     out = x.copy()
     out[..., 0:r:2], out[..., 1:r:2] = a * np.cos(theta) - b * np.sin(theta), a * np.sin(theta) + b * np.cos(theta)
     return out
@@ -58,6 +61,7 @@ class MinimalAdapter:
     capabilities = frozenset({"float64", "rope_interleaved"})
     rope_table: str | None = None  # dtype of the RoPE table if not float64 (declare it in mixed_precision)
     softmax_dtype: str | None = None  # dtype the softmax runs in if not self.dtype (likewise)
+    rotation_dtype: str | None = None  # dtype of the whole rotation, table included, if not float64 (likewise)
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
         arrays = {name: np.array(getattr(weights, name), dtype=self.dtype) for name in ("wq", "wk", "wv", "wo")}
@@ -80,8 +84,9 @@ class MinimalAdapter:
         w, heads, dh = layer.weights, layer.heads, layer.head_width
         row, position = x[:, 0, :].astype(self.dtype), len(cache.keys)
         split = lambda y: y.reshape(row.shape[0], heads, dh)  # noqa: E731  [B, H, dh]
-        query = rotate(split(row @ w["wq"]), position, layer.rope, self.rope_table)
-        key, value = rotate(split(row @ w["wk"]), position, layer.rope, self.rope_table), split(row @ w["wv"])
+        query = rotate(split(row @ w["wq"]), position, layer.rope, self.rope_table, self.rotation_dtype)
+        key = rotate(split(row @ w["wk"]), position, layer.rope, self.rope_table, self.rotation_dtype)
+        value = split(row @ w["wv"])
         keys = np.stack([*cache.keys, key], axis=2)  # [B, H, T, dh]; raises on a wrong batch: nothing written yet
         values = np.stack([*cache.values, value], axis=2)
         scores = np.einsum("bhd,bhtd->bht", query, keys) / np.sqrt(np.array(dh, dtype=self.dtype))
@@ -130,6 +135,16 @@ class Float32SoftmaxAdapter(MinimalAdapter):
     mixed_precision: ClassVar[dict[str, str]] = {"softmax": "float32"}
 
 
+class Float32RotationAdapter(MinimalAdapter):
+    """Float64 with the whole RoPE rotation in float32 -- the table, and the rotated features multiplied and summed
+    in float32 -- as a model whose ``apply_rotary_pos_emb`` runs on float32 cos/sin does; declared."""
+
+    name = "example-minimal-float32-rotation"
+    capabilities = frozenset({"rope_interleaved"})
+    rotation_dtype = "float32"
+    mixed_precision: ClassVar[dict[str, str]] = {"rotation": "float32"}
+
+
 def make_adapter() -> MinimalAdapter:
     return MinimalAdapter()
 
@@ -144,3 +159,7 @@ def make_float32_rope_adapter() -> MinimalAdapter:
 
 def make_float32_softmax_adapter() -> MinimalAdapter:
     return Float32SoftmaxAdapter()
+
+
+def make_float32_rotation_adapter() -> MinimalAdapter:
+    return Float32RotationAdapter()

@@ -41,12 +41,20 @@ def rope_rotate(vector: Vector, position: int, rope: RopeConfig, numbers: Number
 
     The cos/sin table is computed in ``numbers.component("rope")`` (a mixed
     precision's table dtype), then converted to ``numbers`` and applied there.
+    With a ``"rotation"`` component the rotated features are converted to its
+    dtype, rotated there (table included) and converted back; the features
+    past the rotary width keep their values.
     """
     if not 0 <= position < rope.max_positions:
         raise OracleInputError(f"position {position} outside RoPE range [0, {rope.max_positions})")
     r = rope.rotary_width
     if r > len(vector):
         raise OracleInputError(f"rotary width {r} exceeds head width {len(vector)}")
+    rotation = numbers.component("rotation")
+    if rotation is not numbers:
+        inner = _convert(rope_rotate(_convert(vector[:r], numbers, rotation), position, rope, rotation), rotation,
+                         numbers)
+        return [*inner, *vector[r:]]
     table = numbers.component("rope")
     rotated = list(vector)
     for i in range(r // 2):

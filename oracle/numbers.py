@@ -8,7 +8,8 @@ handful of functions below. ``FLOAT64`` makes those scalars Python floats
 not a ground truth, but the naive baseline low-precision implementations are
 judged against. ``mixed_precision(components)`` is float64 with some of the
 oracle's components (``COMPONENTS``) computed in a low-precision dtype: the
-naive baseline of a float64 model with, say, a float32 RoPE table.
+naive baseline of a float64 model with, say, a float32 RoPE table, or its
+whole rotation in float32.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def numpy_precision(dtype: str) -> NumberSystem:
     )
 
 
-# "rope": the cos/sin table (angles, cos and sin); "softmax": exp, sum and division
-COMPONENTS = ("rope", "softmax")
+# "rope": the cos/sin table (angles, cos and sin); "softmax": exp, sum and division; "rotation": the table and the
+# rotation itself (the rotated features rounded to the dtype, multiplied and summed there, converted back)
+COMPONENTS = ("rope", "softmax", "rotation")
 
 
 def mixed_precision(components: Mapping[str, str]) -> NumberSystem:
@@ -125,6 +127,9 @@ def mixed_precision(components: Mapping[str, str]) -> NumberSystem:
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise ValueError(f"mixed precision components must be among {COMPONENTS}, got {sorted(unknown)}")
+    if "rope" in components and "rotation" in components:
+        raise ValueError("mixed precision: 'rotation' computes the RoPE table in its dtype too; declare one of "
+                         "'rope' (the table only) and 'rotation'")
     pairs = tuple((name, numpy_precision(components[name])) for name in COMPONENTS if name in components)
     if not pairs:
         return FLOAT64

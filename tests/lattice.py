@@ -15,7 +15,11 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from examples.minimal_adapter import make_float32_rope_adapter, make_float32_softmax_adapter
+from examples.minimal_adapter import (
+    make_float32_rope_adapter,
+    make_float32_rotation_adapter,
+    make_float32_softmax_adapter,
+)
 from impl.cache import LayerKvCache
 from impl.conformance import KeepsEveryRowAdapter, ReferenceAdapter, WindowUntilFullAdapter
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
@@ -235,6 +239,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
         "window_truncates_until_full"}, WindowUntilFullAdapter()),
     "mixed-rope-float32": lambda: Declared("mixed-rope-float32", {"rope_interleaved"}, make_float32_rope_adapter(),
                                            mixed_precision={"rope": "float32"}),
+    "mixed-rotation-float32": lambda: Declared("mixed-rotation-float32", {"rope_interleaved"},
+                                               make_float32_rotation_adapter(),
+                                               mixed_precision={"rotation": "float32"}),
     "mixed-softmax-float32": lambda: Declared("mixed-softmax-float32", {"rope_interleaved"},
                                               make_float32_softmax_adapter(), mixed_precision={"softmax": "float32"}),
 }
@@ -280,6 +287,9 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                                         "cache_operations", {"windowed": True}, "window: rows the next row sees"),
     "mixed-rope-float32-undeclared": (
         lambda: Declared("twin-rope-float32", {"float64", "rope_interleaved"}, make_float32_rope_adapter(),
+                         mixed_precision={}), "layer_cache", {}, ""),
+    "mixed-rotation-float32-undeclared": (
+        lambda: Declared("twin-rotation-float32", {"float64", "rope_interleaved"}, make_float32_rotation_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),
     "mixed-softmax-float32-undeclared": (
         lambda: Declared("twin-softmax-float32", {"float64", "rope_interleaved"}, make_float32_softmax_adapter(),

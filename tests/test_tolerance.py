@@ -21,6 +21,7 @@ from kvcache_conformance.oracle import (
     mixed_precision,
     numpy_precision,
     random_decoder_weights,
+    rope_rotate,
 )
 from kvcache_conformance.oracle.decoder import PRESETS
 from kvcache_conformance.protocol.declarations import declared_precision
@@ -152,7 +153,7 @@ def test_the_mixed_precision_rule_is_the_documented_formula() -> None:
 
 @pytest.mark.parametrize(("dtype", "mixed", "complaint"), [
     ("float32", {"rope": "float32"}, "for float64 adapters only"),
-    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax')"),
+    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax', 'rotation')"),
     ("float64", {"softmax": "float64"}, "dtype must be one of ('float32', 'float16', 'bfloat16')"),
     ("float64", "float32", "must map components to dtypes"),
 ])
@@ -257,3 +258,16 @@ def test_storage_and_the_float64_claim_contradict(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "kv_test_storage_claims", module)
     with pytest.raises(selection.AdapterLoadError, match="which is it"):
         selection.load_adapter("kv_test_storage_claims:make")
+
+
+def test_a_float32_rotation_rounds_the_rotated_features_and_keeps_the_rest() -> None:
+    vector = [0.1 + 1e-9, -0.7 + 3e-10, 0.3 + 1e-11, 0.9 + 7e-12]
+    rope = RopeConfig("interleaved", 10000.0, 2, 64)  # rotates features 0 and 1 only
+    table_only = rope_rotate(vector, 5, rope, mixed_precision({"rope": "float32"}))
+    rotation = rope_rotate(vector, 5, rope, mixed_precision({"rotation": "float32"}))
+    exact = rope_rotate(vector, 5, rope, FLOAT64)
+    assert rotation[2:] == vector[2:]  # past the rotary width: untouched, still float64
+    assert all(float(np.float32(v)) == v for v in rotation[:2])  # rotated in float32, then back
+    assert table_only[:2] != rotation[:2] and all(abs(a - b) < 1e-6 for a, b in zip(rotation, exact))
+    with pytest.raises(ValueError, match="rotation"):
+        mixed_precision({"rope": "float32", "rotation": "float32"})
