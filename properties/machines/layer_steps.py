@@ -241,8 +241,17 @@ class LayerSteps(ConformanceMachine):
     def append_malformed_row(self, data: Draws) -> None:
         """Not a float64 ndarray, not 3-D, not one token, another batch or width -- one or several at once:
         the first in the documented order decides the kind."""
+        self._append_malformed(data)
+
+    def _append_malformed(self, data: Draws) -> None:
         bad = data.draw(g.malformed_rows(self.model.batch_size, self.config.model_width), label="malformed row")
         self._step(bad.value, Due.check(bad.kind), f"append {bad.description}")
+
+    @rule(data=st.data(), when=lambda self: not self.model.rows)
+    def append_malformed_row_to_an_empty_cache(self, data: Draws) -> None:
+        """The same as the first write: a cache that allocates lazily takes its shapes from the first row it
+        sees, and must not keep those of one it rejects (transformers' DynamicLayer kept a wrong rank)."""
+        self._append_malformed(data)
 
     @rule(data=st.data())
     def append_non_finite_row(self, data: Draws) -> None:
