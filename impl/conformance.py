@@ -272,6 +272,18 @@ def make_request_keys_paged_adapter() -> RequestKeysPagedAdapter:
     return RequestKeysPagedAdapter()
 
 
+class RegisteredDuplicatesPagedAdapter(ReferenceAdapter):
+    """The reference whose paged pool does not de-duplicate: a block that fills with registered content is
+    registered too, several blocks per hash, each evicted on its own (vLLM v1's BlockPool); declared."""
+
+    name = f"{ReferenceAdapter.name}[duplicates registered]"
+    paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "duplicates": "registered"}
+
+
+def make_registered_duplicates_paged_adapter() -> RegisteredDuplicatesPagedAdapter:
+    return RegisteredDuplicatesPagedAdapter()
+
+
 def make_fp8_adapter() -> QuantizedReferenceAdapter:
     """float8_e4m3fn with one scale per tensor, frozen at the first update (transformers' fp8 rule)."""
     return QuantizedReferenceAdapter(StorageRule("float8_e4m3fn", "per_tensor", "frozen"))

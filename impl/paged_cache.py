@@ -34,6 +34,7 @@ HASH_KEYS = ("scope", "signature", "lora", "multimodal", "salt")  # what a block
 REQUEST_KEYS = ("lora", "multimodal", "salt")  # given with each add (a LoRA adapter's name, ...); "" means none
 EVICTIONS = ("lru", "all_at_once")  # which cached blocks make room: the least recently cached, or all of them
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # how many full blocks an add reuses
+DUPLICATES = ("private_or_swap", "registered")  # a block filling with registered content: kept private, or registered
 FORKS = ("shared", "re_add", "none")  # how a fork gets its rows: shared blocks, an add of its tokens, not at all
 
 
@@ -119,25 +120,27 @@ class PagedPool:
 
     def __init__(self, layers: int, kv_heads: int, head_width: int, block_size: int, num_blocks: int, *,
                  hash_keys: Iterable[str] = ("scope", "signature"), eviction: str = "lru",
-                 hit_limit: str = "before_last_token", fork: str = "shared") -> None:
+                 hit_limit: str = "before_last_token", fork: str = "shared",
+                 duplicates: str = "private_or_swap") -> None:
         for name, value in (("layers", layers), ("kv heads", kv_heads), ("head width", head_width),
                             ("block size", block_size), ("block count", num_blocks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidLayerConfig(f"paged pool: {name} must be an int >= 1, got {value!r}")
         self.hash_keys = frozenset(hash_keys)
         if not self.hash_keys <= set(HASH_KEYS) or eviction not in EVICTIONS or hit_limit not in HIT_LIMITS \
-                or fork not in FORKS:
+                or fork not in FORKS or duplicates not in DUPLICATES:
             raise InvalidLayerConfig(f"paged pool: hash keys within {HASH_KEYS}, eviction one of {EVICTIONS}, "
-                                     f"hit limit one of {HIT_LIMITS}, fork one of {FORKS}")
+                                     f"hit limit one of {HIT_LIMITS}, fork one of {FORKS}, duplicates one of "
+                                     f"{DUPLICATES}")
         self.geometry = Geometry(layers, kv_heads, head_width)
         self.block_size, self.num_blocks = block_size, num_blocks
-        self.eviction, self.hit_limit, self.fork_policy = eviction, hit_limit, fork
+        self.eviction, self.hit_limit, self.fork_policy, self.duplicates = eviction, hit_limit, fork, duplicates
         shape = (num_blocks, layers, kv_heads, block_size, head_width)
         self._keys, self._values = np.zeros(shape), np.zeros(shape)
         self._references = np.zeros(num_blocks, dtype=np.int64)
         self._free = list(range(num_blocks - 1, -1, -1))  # popped from the end: block 0 first
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced, registered; oldest first
-        self._block_of: dict[bytes, int] = {}  # registered chain hash -> block
+        self._block_of: dict[bytes, list[int]] = {}  # registered chain hash -> its blocks, first registered first
         self._hash_of: dict[int, bytes] = {}  # block -> its registered chain hash
         self._sequences: dict[int, Sequence] = {}
         self._next_id = 0
@@ -270,23 +273,25 @@ class PagedPool:
             limit = (len(tokens) - 1) // self.block_size  # the last token is always recomputed
         hit = []
         for digest in self.chain(tokens, scope, signature, limit, request):
-            block = self._block_of.get(digest)
-            if block is None:
+            blocks = self._block_of.get(digest)
+            if not blocks:
                 break
-            hit.append(block)
+            hit.append(blocks[0])  # of several registered copies, the first (as vLLM serves them)
         if self.hit_limit == "drops_last_hit":  # a draft head (EAGLE) recomputes the last matched block
             return hit[:-1]
         return hit
 
     def _register(self, held: Sequence, start: int) -> None:
         """Register the blocks of ``held`` that became full since it had ``start`` tokens. A duplicate of a
-        registered chain stays unregistered for good: the registered block serves later hits."""
+        registered chain stays unregistered for good (the registered block serves later hits), or, with
+        ``duplicates="registered"``, is registered too: several blocks per hash, each evicted on its own."""
         full = len(held.tokens) // self.block_size
         chain = self.chain(held.tokens, held.scope, held.signature, full, held.keys)
         for index in range(start // self.block_size, full):
             block, digest = held.table[index], chain[index]
-            if block not in self._hash_of and digest not in self._block_of:
-                self._block_of[digest], self._hash_of[block] = block, digest
+            if block not in self._hash_of and (self.duplicates == "registered" or digest not in self._block_of):
+                self._block_of.setdefault(digest, []).append(block)
+                self._hash_of[block] = digest
 
     def _request_keys(self, keys: object) -> tuple[tuple[str, str], ...]:
         """The declared request keys of an add, each with a str value ("" means none, left out of the hash)."""
@@ -325,11 +330,18 @@ class PagedPool:
                 list(self._cached)[:count - len(self._free)]
             for block in victims:
                 del self._cached[block]
-                del self._block_of[self._hash_of.pop(block)]
+                self._unregister(block)
                 self._free.append(block)
         taken = [self._free.pop() for _ in range(count)]
         self._references[taken] = 1
         return taken
+
+    def _unregister(self, block: int) -> None:
+        """An evicted block leaves the registry; other copies of its content stay registered."""
+        digest = self._hash_of.pop(block)
+        self._block_of[digest].remove(block)
+        if not self._block_of[digest]:
+            del self._block_of[digest]
 
     def _acquire(self, block: int) -> None:
         self._cached.pop(block, None)

@@ -29,7 +29,7 @@ class PagedReferenceMethods:
         policy = self.paged_policy
         return PagedPool(config.blocks, config.kv_heads, config.head_width, block_size, num_blocks,
                          hash_keys=policy["hash_keys"], eviction=policy["eviction"], hit_limit=policy["hit_limit"],
-                         fork=policy["fork"])
+                         fork=policy["fork"], duplicates=policy.get("duplicates", "private_or_swap"))
 
     def paged_add(self, pool: PagedPool, decoder: Decoder, scope: str, tokens: Any, keys: Any = None) -> AddResult:
         return pool.add(decoder, scope, tokens, keys)

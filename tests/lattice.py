@@ -197,6 +197,7 @@ POLICIES = {
     "hit-before-last-full-block": {"hit_limit": "before_last_full_block"}, "no-truncate": {"truncate": False},
     "hash-request-keys": {"hash_keys": ["scope", "signature", "lora", "multimodal", "salt"]},
     "hash-salt-only": {"hash_keys": ["signature", "salt"]},
+    "duplicates-registered": {"duplicates": "registered"},
     "fork-re-add": {"fork": "re_add"}, "fork-none": {"fork": "none"}, "hit-drops-last": {"hit_limit": "drops_last_hit"},
 }
 LAYER_ONLY = {c for c in REFERENCE if c not in {"decode_session", "prefix_store", "paged_prefix_sharing",

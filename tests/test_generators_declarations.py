@@ -212,7 +212,7 @@ def test_selections_and_repeats_are_drawn_as_the_spec_allows_and_only_where_decl
     for adapter in (Recording(), Undeclared()):
         before = len(calls["select"]) + len(calls["repeat_interleave"])
         result = run_machine("cache_operations", adapter, property_id="generators-batch-size",
-                             settings=profiles.settings_for("ci", max_examples=40, database=None))
+                             settings=profiles.settings_for("ci", max_examples=100, database=None))
         assert result.failure is None, result.failure
         if isinstance(adapter, Undeclared):
             assert len(calls["select"]) + len(calls["repeat_interleave"]) == before

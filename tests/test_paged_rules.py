@@ -11,6 +11,7 @@ from kvcache_conformance.machines.paged_rules import (
     expected_hit,
     extra_keys,
     fits,
+    hit_candidates,
     hit_limit,
     same_prefix,
 )
@@ -48,6 +49,15 @@ def test_an_add_reuses_the_longest_registered_run_from_the_start() -> None:
     assert expected_hit(registered, [1, 2, 3, 4, 5, 6], "app", "w", eagle, 2) == [7]
     assert expected_hit(registered, [1, 2, 0, 4, 5, 6, 0], "app", "w", eagle, 2) == []  # a shorter run: dropped too
     assert expected_hit(registered, [1, 2, 3, 4, 5, 6, 0], "other", "w", eagle, 2) == []
+
+
+def test_with_registered_duplicates_a_hit_may_take_any_copy() -> None:
+    keys = chain_keys([1, 2, 3, 4], "app", "w", REFERENCE, 2)
+    registered = {keys[0]: [7, 3], keys[1]: [8]}  # two copies of the first block's content
+    duplicates = PagedPolicy(duplicates="registered")
+    assert hit_candidates(registered, [1, 2, 3, 4, 0], "app", "w", duplicates, 2) == [[7, 3], [8]]
+    assert hit_candidates(registered, [1, 2, 0, 4, 0], "app", "w", duplicates, 2) == [[7, 3]]
+    assert expected_hit({keys[0]: 7}, [1, 2, 3, 4, 0], "app", "w", REFERENCE, 2) == [7]
 
 
 def test_blocks_an_operation_takes() -> None:

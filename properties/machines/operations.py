@@ -71,6 +71,14 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_malformed_chunk(self, data: Draws) -> None:
         """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides."""
+        self._append_malformed_chunk(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.rows)
+    def append_malformed_chunk_to_an_empty_cache(self, data: Draws) -> None:
+        """The same as the first write (a lazily allocating cache must not keep a rejected chunk's shapes)."""
+        self._append_malformed_chunk(data)
+
+    def _append_malformed_chunk(self, data: Draws) -> None:
         bad = data.draw(g.malformed_rows(self.model.batch_size, self.config.model_width, chunked=True),
                         label="malformed chunk")
         self._step(bad.value, Due.check(bad.kind), f"append a chunk: {bad.description}", chunk=True)

@@ -33,7 +33,7 @@ from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.checks import fields
 from ..judge.failures import NonConformance
-from ..judge.policy import Due, Expect
+from ..judge.policy import VALID, Due, Expect
 from ..oracle import FLOAT64, DecoderWeights, NumberSystem, random_decoder_weights
 from ..protocol.decoder import BlockState
 from ..protocol.kinds import Capability, ErrorKind
@@ -55,9 +55,9 @@ from .paged_rules import (
     blocks_needed,
     chain_keys,
     eviction_problem,
-    expected_hit,
     extra_keys,
     fits,
+    hit_candidates,
     same_prefix,
 )
 
@@ -123,7 +123,7 @@ class PagedCacheMachine(ConformanceMachine):
         what = f"create a pool of {self.num_blocks} blocks of {self.block_size}"
         self.pool = self.must(what, lambda: self.adapter.create_pool(self.config, self.block_size, self.num_blocks))
         self.live: dict[Hashable, Live] = {}
-        self.registered: dict[ChainKey, int] = {}  # content identity -> the block registered with it
+        self.registered: dict[ChainKey, list[int]] = {}  # content identity -> the blocks registered with it
         self.content: dict[int, ChainKey] = {}  # block -> the identity it is registered with
         self.stamps: dict[int, int] = {}  # cached block -> when it was cached
         self.clock = 0
@@ -208,7 +208,10 @@ class PagedCacheMachine(ConformanceMachine):
         if problem:
             raise NonConformance(f"{what}: {problem}", kind="eviction against the declared policy")
         for block in evicted:
-            del self.registered[self.content.pop(block)]
+            identity = self.content.pop(block)
+            self.registered[identity].remove(block)
+            if not self.registered[identity]:
+                del self.registered[identity]
         for block in self.content:
             if block not in after.references and block not in after.cached:
                 raise NonConformance(f"{what}: block {block} holds registered content {self._show(block)} and no "
@@ -220,10 +223,13 @@ class PagedCacheMachine(ConformanceMachine):
                     raise NonConformance(
                         f"{what}: sequence {sequence!r} holds block {block} for {_describe(key)}, but the block "
                         f"was registered with {self._show(block)}", kind="block shared across different prefixes")
-                # A block is registered when it becomes full, unless its content is registered already (then it
-                # stays a private duplicate, or is replaced by the registered block).
-                if index >= self.live[sequence].settled and block not in self.content and key not in self.registered:
-                    self.registered[key], self.content[block] = block, key
+                # A block is registered when it becomes full, unless its content is registered already: then it
+                # stays a private duplicate, or is replaced by the registered block -- or, as declared, is
+                # registered too (several blocks per identity).
+                if index >= self.live[sequence].settled and block not in self.content and (
+                        key not in self.registered or self.policy.duplicates == "registered"):
+                    self.registered.setdefault(key, []).append(block)
+                    self.content[block] = key
             self.live[sequence].settled = len(keys)
         for block in set(before.cached) - set(after.cached):
             del self.stamps[block]
@@ -254,8 +260,9 @@ class PagedCacheMachine(ConformanceMachine):
         weights = self.weights[index]
         key = signature(weights)
         request = request or self._no_request_keys()
-        hit = expected_hit(self.registered, tokens, scope, key, self.policy, self.block_size, request)
-        needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))
+        candidates = hit_candidates(self.registered, tokens, scope, key, self.policy, self.block_size, request)
+        hit = [blocks[0] for blocks in candidates]  # the first of each identity's copies (the only one, unless
+        needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))  # duplicates are registered)
         keys = f" and keys {dict(request)}" if request else ""
         what = (f"add {tokens} in scope {scope!r}{keys} with decoder {index}" if fork_of is None else
                 f"fork sequence {fork_of!r} of {len(tokens)} tokens (re-added in scope {scope!r})")
@@ -268,13 +275,22 @@ class PagedCacheMachine(ConformanceMachine):
             return self._paged_add(index, scope, given, request)
 
         before = self.state
-        if not fits(needed, before.free, set(before.cached), set(hit)):
+        cached = set(before.cached)
+        # Of several copies the add may take any: it fits for sure if it does taking a cached copy of each
+        # identity (fewest blocks left to evict), and may fit if it does taking referenced ones (most).
+        least = {next((b for b in blocks if b in cached), blocks[0]) for blocks in candidates}
+        most = {next((b for b in blocks if b not in cached), blocks[0]) for blocks in candidates}
+        if not fits(needed, before.free, cached, most):
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return None
+        due = VALID if fits(needed, before.free, cached, least) else Due(may_refuse=ErrorKind.FULL)
         if fork_of is None:
             reference = self._oracle(weights, tokens)
-            result = self.call(what, action, inputs=handed, reused=len(hit) * self.block_size, blocks=hit).value
-            sequence, logits, reused = fields(result, ("sequence", "logits", "reused"), what)
+            judged = self.call(what, action, due=due, inputs=handed, observe=lambda: self._observed(what),
+                               replace=self._new_pool, reused=len(hit) * self.block_size, blocks=hit)
+            if not judged.to_judge:
+                return None
+            sequence, logits, reused = fields(judged.value, ("sequence", "logits", "reused"), what)
             if reused != len(hit) * self.block_size:
                 raise NonConformance(f"{what}: reused {reused} tokens, but the rules give "
                                      f"{len(hit) * self.block_size} (registered blocks {hit}, block size "
@@ -284,7 +300,11 @@ class PagedCacheMachine(ConformanceMachine):
             self.judge.close(np.asarray(logits), wanted, tolerance, what=f"{what}: logits from position {reused}",
                              check="logits", axes=("row", "vocab id"))
         else:
-            sequence = self.call(what, action, reused=len(hit) * self.block_size, blocks=hit).value
+            judged = self.call(what, action, due=due, observe=lambda: self._observed(what), replace=self._new_pool,
+                               reused=len(hit) * self.block_size, blocks=hit)
+            if not judged.to_judge:
+                return None
+            sequence = judged.value
         if not isinstance(sequence, Hashable) or sequence in self.live:
             raise NonConformance(f"{what}: returned sequence id {sequence!r}, which is not a new hashable id",
                                  kind="malformed result")
@@ -292,10 +312,11 @@ class PagedCacheMachine(ConformanceMachine):
         self.history = [*self.history, (list(tokens), scope, index, request)][-6:]
         after = self._read_state(what)
         table = after.tables.get(sequence, ())
-        if list(table[:len(hit)]) != hit:
+        if len(table) < len(candidates) or any(b not in blocks for b, blocks in zip(table, candidates)):
+            shown = hit if all(len(blocks) == 1 for blocks in candidates) else candidates
             raise NonConformance(f"{what}: its table starts {list(table[:len(hit)])}, but must reuse the registered "
-                                 f"blocks {hit}", kind="reuse differs from the rules")
-        self._settle(after, before, needed, what, set(hit))
+                                 f"blocks {shown}", kind="reuse differs from the rules")
+        self._settle(after, before, needed, what, set(table[:len(hit)]))
         return sequence
 
     def _append(self, sequence: Hashable, tokens: list[int]) -> None:

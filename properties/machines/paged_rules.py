@@ -49,16 +49,24 @@ def hit_limit(policy: PagedPolicy, length: int, block_size: int) -> int:
 
 def expected_hit(registered: Mapping[ChainKey, int], tokens: Sequence[int], scope: str, signature: str,
                  policy: PagedPolicy, block_size: int, request: Sequence[tuple[str, str]] = ()) -> list[int]:
-    """The blocks an add must reuse: the registered blocks of the longest run of leading full blocks whose
-    identities are registered, at most the hit limit (under ``drops_last_hit``, all but the last of them).
+    """``hit_candidates`` with one registered block per identity: the blocks themselves."""
+    return [blocks[0] for blocks in hit_candidates({key: [block] for key, block in registered.items()}, tokens,
+                                                   scope, signature, policy, block_size, request)]
+
+
+def hit_candidates(registered: Mapping[ChainKey, Sequence[int]], tokens: Sequence[int], scope: str, signature: str,
+                   policy: PagedPolicy, block_size: int, request: Sequence[tuple[str, str]] = ()) -> list[list[int]]:
+    """What an add must reuse: for each of the longest run of leading full blocks whose identities are
+    registered, at most the hit limit (under ``drops_last_hit``, all but the last of them), the registered
+    blocks of that identity -- one, or with registered duplicates several, of which the add takes any.
     Contiguous from the start: a registered block after the first miss is not reused (its parent differs)."""
     hit = []
     for key in chain_keys(tokens, scope, signature, policy, block_size, hit_limit(policy, len(tokens), block_size),
                           request):
-        block = registered.get(key)
-        if block is None:
+        blocks = registered.get(key)
+        if not blocks:
             break
-        hit.append(block)
+        hit.append(list(blocks))
     return hit[:-1] if policy.hit_limit == "drops_last_hit" else hit
 
 

@@ -24,6 +24,8 @@ EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at 
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # (len-1)//bs; len//bs - 1; and
 # the first, then one block fewer than matched (vLLM with an EAGLE draft head)
 FORKS = ("shared", "re_add", "none")  # share the parent's blocks; add its tokens again; no paged_fork
+DUPLICATES = ("private_or_swap", "registered")  # a block that fills with registered content: either of the first
+# two readings of docs/spec.md §14.3; or registered as well, several blocks per identity (vLLM v1)
 
 
 class PolicyError(TypeError):
@@ -52,6 +54,11 @@ class PagedPolicy:
       the parent's tokens in its scope would give: registered blocks reused
       up to the hit limit, the rest computed; engines' parallel sampling) or
       ``"none"`` (no ``paged_fork``: no rule that forks is drawn).
+    - ``duplicates``: ``"private_or_swap"`` (a block that fills with content
+      already registered stays private and unregistered, or is swapped for the
+      registered block) or ``"registered"`` (it is registered too: several
+      blocks per identity, each cached and evicted on its own; a hit may take
+      any of them).
     """
 
     hash_keys: frozenset[str] = frozenset({"scope", "signature"})
@@ -59,6 +66,7 @@ class PagedPolicy:
     hit_limit: str = "before_last_token"
     truncate: bool = True
     fork: str = "shared"
+    duplicates: str = "private_or_swap"
 
     @classmethod
     def of(cls, adapter: Any) -> PagedPolicy:
@@ -67,7 +75,7 @@ class PagedPolicy:
             return cls()
         if not isinstance(given, Mapping):
             raise PolicyError(f"paged_policy must be a mapping, got {type(given).__name__}")
-        known = ("hash_keys", "eviction", "hit_limit", "truncate", "fork")
+        known = ("hash_keys", "eviction", "hit_limit", "truncate", "fork", "duplicates")
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
@@ -85,7 +93,10 @@ class PagedPolicy:
         fork = given.get("fork", "shared")
         if fork not in FORKS:
             raise PolicyError(f"paged_policy['fork'] must be one of {list(FORKS)}, got {fork!r}")
-        return cls(frozenset(keys), eviction, hit_limit, truncate, fork)
+        duplicates = given.get("duplicates", "private_or_swap")
+        if duplicates not in DUPLICATES:
+            raise PolicyError(f"paged_policy['duplicates'] must be one of {list(DUPLICATES)}, got {duplicates!r}")
+        return cls(frozenset(keys), eviction, hit_limit, truncate, fork, duplicates)
 
     @property
     def request_keys(self) -> tuple[str, ...]:
@@ -99,7 +110,7 @@ class PagedPolicy:
     def described(self) -> dict[str, Any]:
         """For reports and failure messages."""
         return {"hash_keys": sorted(self.hash_keys), "eviction": self.eviction, "hit_limit": self.hit_limit,
-                "truncate": self.truncate, "fork": self.fork}
+                "truncate": self.truncate, "fork": self.fork, "duplicates": self.duplicates}
 
 
 @dataclass(frozen=True, eq=False)
