@@ -103,7 +103,21 @@ class CacheOperationsMachine(LayerSteps):
         it does not, it may refuse with EVICTED (nothing changed) or succeed exactly. Declared
         window_truncates_until_full: it truncates while it holds fewer than W rows, and refuses every
         truncation with EVICTED from then on."""
-        n = data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value
+        self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
+
+    @rule(requires=[Capability.TRUNCATE], data=st.data(), when=lambda self: self.window is not None
+          and not self.model.stale and not self.model.peaked and self.window + 1 <= self.config.capacity)
+    def truncate_after_the_window_evicts(self, data: Draws) -> None:
+        """Rows appended until the window is full (W rows) or has let some go (W + 1), then a cut of two rows or
+        more: into what it let go, refused with EVICTED (nothing changed) or exact -- never rows brought back that
+        it no longer has; and with window_truncates_until_full, refused from W rows on."""
+        target = self.window + data.draw(st.integers(0, 1), label="rows past the window")
+        while len(self.model.rows) < max(target, 2):
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
+        self._truncate(data.draw(st.integers(0, len(self.model.rows) - 2), label="n"))
+
+    def _truncate(self, n: object) -> None:
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
         problem = g.length_problem(n, len(self.model.rows))  # of this state: a replayed n may land elsewhere
         until_full = Capability.WINDOW_TRUNCATES_UNTIL_FULL
@@ -180,6 +194,20 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.FORK], data=st.data(), when=lambda self: len(self.parked) < MAX_PARKED)
     def fork(self, data: Draws) -> None:
         """An independent copy, showing exactly what the original shows; go on with either, park the other."""
+        self._fork(data)
+
+    @rule(requires=[Capability.FORK], data=st.data(), when=lambda self: len(self.parked) < MAX_PARKED
+          and bool(self.model.rows) and not self.model.stale and not self.model.peaked)
+    def fork_then_overwrite(self, data: Draws) -> None:
+        """A fork, then the cache operated on reset and written again: the parked one must still show its rows
+        bit for bit. (An append lands past what the other shows; a rewrite of row 0 is where a fork that
+        aliases the buffers shows.)"""
+        self._fork(data)
+        self._reset()
+        self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                               "append a row after the reset")
+
+    def _fork(self, data: Draws) -> None:
         what = "fork the cache"
         original = self._snapshot(self.cache, what)
         twin = self.call(what, lambda: self.adapter.fork(self.cache)).value
