@@ -320,39 +320,35 @@ class LayerKvCache:
         self._length, self._next_position, self._first_held = count, next_position, 0
 
 
-def _batch_indices(indices: object, batch_size: int) -> np.ndarray:
-    """``indices`` as an int64 array of ``batch_size`` entries in ``[0, batch_size)``, or ``InvalidIndices``."""
+def _int_array(indices: object) -> np.ndarray:
+    """``indices`` (an integer array, or a list or tuple of ints) as an int64 array, or ``InvalidIndices``."""
     if isinstance(indices, np.ndarray):
         if indices.dtype.kind not in "iu":
             raise InvalidIndices(f"indices of dtype {indices.dtype}, not integers")
-        array = indices
-    elif isinstance(indices, (list, tuple)):
+        return indices.astype(np.int64)
+    if isinstance(indices, (list, tuple)):
         if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in indices):
             raise InvalidIndices(f"{indices!r} holds something other than ints")
-        array = np.asarray(indices, dtype=np.int64).reshape(len(indices))
-    else:
-        raise InvalidIndices(f"a {type(indices).__name__}, not a sequence of ints")
+        return np.asarray(indices, dtype=np.int64).reshape(len(indices))
+    raise InvalidIndices(f"a {type(indices).__name__}, not a sequence of ints")
+
+
+def _batch_indices(indices: object, batch_size: int) -> np.ndarray:
+    """``indices`` as an int64 array of ``batch_size`` entries in ``[0, batch_size)``, or ``InvalidIndices``."""
+    array = _int_array(indices)
     if array.shape != (batch_size,):
         raise InvalidIndices(f"shape {array.shape}, but the batch has {batch_size} rows")
     if array.size and (array.min() < 0 or array.max() >= batch_size):
         raise InvalidIndices(f"{array.tolist()} has an index outside [0, {batch_size})")
-    gather: np.ndarray = array.astype(np.int64)
-    return gather
+    return array
 
 
 def _selection_indices(indices: object, batch_size: int) -> np.ndarray:
     """``indices`` as an int64 array of 1 to ``batch_size`` distinct entries in ``[0, batch_size)``, or
     ``InvalidIndices``."""
-    if isinstance(indices, np.ndarray):
-        if indices.dtype.kind not in "iu" or indices.ndim != 1:
-            raise InvalidIndices(f"indices of dtype {indices.dtype} and shape {indices.shape}, not 1-D integers")
-        array = indices.astype(np.int64)
-    elif isinstance(indices, (list, tuple)):
-        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) for i in indices):
-            raise InvalidIndices(f"{indices!r} holds something other than ints")
-        array = np.asarray(indices, dtype=np.int64).reshape(len(indices))
-    else:
-        raise InvalidIndices(f"a {type(indices).__name__}, not a sequence of ints")
+    array = _int_array(indices)
+    if array.ndim != 1:
+        raise InvalidIndices(f"indices of shape {array.shape}, not 1-D")
     if not 1 <= array.size <= batch_size or len(set(array.tolist())) != array.size:
         raise InvalidIndices(f"{array.tolist()}: a selection holds 1 to {batch_size} distinct indices")
     if array.min() < 0 or array.max() >= batch_size:

@@ -82,15 +82,18 @@ def length_problem(value: object, length: int) -> ErrorKind | None:
 def indices_problem(value: object, batch_size: int) -> ErrorKind | None:
     """What is wrong with ``reorder(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.3): anything but
     ``batch_size`` ints (a list, or a 1-D integer array), each in ``[0, batch_size)``, is INVALID_INDICES."""
+    entries = _int_entries(value)
+    if entries is None or len(entries) != batch_size or any(not 0 <= i < batch_size for i in entries):
+        return ErrorKind.INVALID_INDICES
+    return None
+
+
+def _int_entries(value: object) -> list[int] | None:
+    """The ints of a list of ints or a 1-D integer array; None for anything else."""
     if isinstance(value, np.ndarray):
-        ints = value.ndim == 1 and value.dtype.kind in "iu"
-        entries = value.tolist() if ints else []
-    elif isinstance(value, list):
-        ints, entries = all(_is_int(i) for i in value), value
-    else:
-        return ErrorKind.INVALID_INDICES
-    if not ints or len(entries) != batch_size or any(not 0 <= int(i) < batch_size for i in entries):
-        return ErrorKind.INVALID_INDICES
+        return [int(i) for i in value.tolist()] if value.ndim == 1 and value.dtype.kind in "iu" else None
+    if isinstance(value, list) and all(_is_int(i) for i in value):
+        return [int(i) for i in value]
     return None
 
 
@@ -123,15 +126,9 @@ def batch_selections(draw: st.DrawFn, batch_size: int) -> Argument:
 def selection_problem(value: object, batch_size: int) -> ErrorKind | None:
     """What is wrong with ``select(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.7): anything but
     1 to B distinct ints in ``[0, B)`` (a list, or a 1-D integer array) is INVALID_INDICES."""
-    if isinstance(value, np.ndarray):
-        ints = value.ndim == 1 and value.dtype.kind in "iu"
-        entries = value.tolist() if ints else []
-    elif isinstance(value, list):
-        ints, entries = all(_is_int(i) for i in value), value
-    else:
-        return ErrorKind.INVALID_INDICES
-    if not ints or not 1 <= len(entries) <= batch_size or len(set(entries)) != len(entries) or any(
-            not 0 <= int(i) < batch_size for i in entries):
+    entries = _int_entries(value)
+    if entries is None or not 1 <= len(entries) <= batch_size or len(set(entries)) != len(entries) or any(
+            not 0 <= i < batch_size for i in entries):
         return ErrorKind.INVALID_INDICES
     return None
 
