@@ -31,7 +31,7 @@ EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) 
 DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_interleaved", "rope_half_split"}
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
-           "reset_keeps_buffers": {"reset_keeps_bytes"}}
+           "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"}}
 
 
 class Declared:
@@ -90,8 +90,9 @@ class ResetByReplacement(ReferenceAdapter):
     a library cache bound at creation would need the handle to remember the layer's versions. Buffers are
     replaced, so it claims nothing of what reset does to them."""
 
-    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Handle:
-        return Handle(super().create_cache(layer, batch_size, capacity, window), layer, window)
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                     sinks: int = 0) -> Handle:
+        return Handle(super().create_cache(layer, batch_size, capacity, window, sinks), layer, window)
 
     def reset(self, handle: Handle) -> None:
         handle.cache = handle.cache.fork()  # new buffers, the same binding
@@ -109,6 +110,12 @@ class ResetByReplacement(ReferenceAdapter):
     def reorder(self, handle: Handle, indices: Any) -> None:
         super().reorder(handle.cache, indices)
 
+    def select(self, handle: Handle, indices: Any) -> None:
+        super().select(handle.cache, indices)
+
+    def repeat_interleave(self, handle: Handle, repeats: Any) -> None:
+        super().repeat_interleave(handle.cache, repeats)
+
     def fork(self, handle: Handle) -> Handle:
         return Handle(handle.cache.fork(), handle.layer, handle.window)
 
@@ -120,9 +127,10 @@ class NoFixedCapacity(ResetByReplacement):
     """No fixed capacity either: a cache takes rows past the capacity asked for (as far as its RoPE positions
     go), which it does not claim to refuse; and it has no physical buffers of that capacity to show."""
 
-    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Handle:
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                     sinks: int = 0) -> Handle:
         room = max(capacity, min(layer.rope.max_positions, 4 * capacity))
-        return Handle(LayerKvCache(layer, batch_size, room, window), layer, window)
+        return Handle(LayerKvCache(layer, batch_size, room, window, sinks=sinks), layer, window)
 
 
 class SinksIgnored(ReferenceAdapter):
@@ -160,11 +168,12 @@ class SmallOnly(ReferenceAdapter):
             raise ValueError("too big for this cache")
         return super().create_layer(weights, rope)
 
-    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Any:
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                     sinks: int = 0) -> Any:
         sizes = [v for v in (batch_size, capacity) if isinstance(v, int) and not isinstance(v, bool)]
         if len(sizes) == 2 and (batch_size > 1 or capacity > 5 or (window is not None and window < 2)):
             raise ValueError("too big for this cache")  # (what is not a size at all, the library rejects)
-        return super().create_cache(layer, batch_size, capacity, window)
+        return super().create_cache(layer, batch_size, capacity, window, sinks)
 
 
 class NoTruncation(ReferenceAdapter):
@@ -285,7 +294,7 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-claims-until-full", REFERENCE | {"window_truncates_until_full"}), "cache_operations",
         {"windowed": True}, "expected evicted, got success"),
     "sinks-claimed-by-a-plain-window": (lambda: Declared("twin-sinks-ignored", REFERENCE, SinksIgnored()),
-                                        "cache_operations", {"windowed": True}, "window: rows the next row sees"),
+                                        "cache_operations", {"windowed": True}, ""),  # a row missing, or its output
     "mixed-rope-float32-undeclared": (
         lambda: Declared("twin-rope-float32", {"float64", "rope_interleaved"}, make_float32_rope_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),

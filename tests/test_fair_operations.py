@@ -75,10 +75,11 @@ class CopyOnWriteForks(ReferenceAdapter):
     first write after a fork moves to new buffers, so it claims nothing about buffers (physical_storage)."""
 
     name = "test-copy-on-write-forks"
-    capabilities = REFERENCE - {"physical_storage", "reset_keeps_bytes"}
+    capabilities = REFERENCE - {"physical_storage", "reset_keeps_bytes", "batch_select", "batch_repeat"}
 
-    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> LazyFork:
-        handle = LazyFork(super().create_cache(layer, batch_size, capacity, window))
+    def create_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None,
+                     sinks: int = 0) -> LazyFork:
+        handle = LazyFork(super().create_cache(layer, batch_size, capacity, window, sinks))
         handle.owned = True
         return handle
 

@@ -261,8 +261,9 @@ class PagedCacheMachine(ConformanceMachine):
         key = signature(weights)
         request = request or self._no_request_keys()
         candidates = hit_candidates(self.registered, tokens, scope, key, self.policy, self.block_size, request)
-        hit = [blocks[0] for blocks in candidates]  # the first of each identity's copies (the only one, unless
-        needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))  # duplicates are registered)
+        # the first of each identity's copies: the only one, unless duplicates are registered
+        hit = [blocks[0] for blocks in candidates]
+        needed = blocks_needed("add", len(tokens), self.block_size, hit=len(hit))
         keys = f" and keys {dict(request)}" if request else ""
         what = (f"add {tokens} in scope {scope!r}{keys} with decoder {index}" if fork_of is None else
                 f"fork sequence {fork_of!r} of {len(tokens)} tokens (re-added in scope {scope!r})")
@@ -276,14 +277,15 @@ class PagedCacheMachine(ConformanceMachine):
 
         before = self.state
         cached = set(before.cached)
-        # Of several copies the add may take any: it fits for sure if it does taking a cached copy of each
-        # identity (fewest blocks left to evict), and may fit if it does taking referenced ones (most).
-        least = {next((b for b in blocks if b in cached), blocks[0]) for blocks in candidates}
-        most = {next((b for b in blocks if b not in cached), blocks[0]) for blocks in candidates}
-        if not fits(needed, before.free, cached, most):
+        # Of several copies the add may take any. Taking a cached copy of each identity leaves the fewest blocks
+        # to evict (if it fits then, it fits for sure); taking referenced copies, the most (if it does not fit
+        # even then, it must be refused).
+        worst = {next((b for b in blocks if b in cached), blocks[0]) for blocks in candidates}
+        best = {next((b for b in blocks if b not in cached), blocks[0]) for blocks in candidates}
+        if not fits(needed, before.free, cached, best):
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return None
-        due = VALID if fits(needed, before.free, cached, least) else Due(may_refuse=ErrorKind.FULL)
+        due = VALID if fits(needed, before.free, cached, worst) else Due(may_refuse=ErrorKind.FULL)
         if fork_of is None:
             reference = self._oracle(weights, tokens)
             judged = self.call(what, action, due=due, inputs=handed, observe=lambda: self._observed(what),
