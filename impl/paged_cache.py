@@ -51,6 +51,10 @@ class UnknownSequence(InvalidLayerConfig):
     """The sequence id is not live in this pool (never added, or freed)."""
 
 
+class ForkNotOffered(InvalidLayerConfig):
+    """A pool created with ``fork="none"`` has no fork (its adapter offers no ``paged_fork``)."""
+
+
 @dataclass(frozen=True)
 class Geometry:
     """What every decoder served by one pool must share: the shape of a block."""
@@ -211,7 +215,7 @@ class PagedPool:
         the parent's tokens added again in its scope, as engines fork for parallel sampling."""
         held = self._sequence(sequence)
         if self.fork_policy == "none":
-            raise NotImplementedError("this pool does not fork")
+            raise ForkNotOffered("this pool was created with fork='none': it does not fork")
         if self.fork_policy == "re_add":
             return self.add(held.model, held.scope, held.tokens, dict(held.keys)).sequence
         full = len(held.tokens) // self.block_size

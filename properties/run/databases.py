@@ -106,25 +106,29 @@ def property_settings(settings: Settings, *, implementation: str, property_id: s
 
 
 
-class SecondaryOnly(ExampleDatabase):
-    """A database whose saves go to Hypothesis's secondary corpus of each key (reads and deletes unchanged).
-
-    For a run that does not shrink (the look of ``first_failure.py``): Hypothesis takes an interesting example
-    from the primary corpus for an already shrunk one and skips shrinking it; from the secondary corpus it
-    replays the example and shrinks it."""
+class _Wrapping(ExampleDatabase):
+    """A database that changes how another is written to: equal when of one kind around equal databases."""
 
     def __init__(self, database: ExampleDatabase) -> None:
         super().__init__()
         self.database = database
 
     def __repr__(self) -> str:
-        return f"SecondaryOnly({self.database!r})"
+        return f"{type(self).__name__}({self.database!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SecondaryOnly) and self.database == other.database
+        return type(other) is type(self) and self.database == other.database  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(("secondary", self.database))
+        return hash((type(self).__name__, self.database))
+
+
+class SecondaryOnly(_Wrapping):
+    """A database whose saves go to Hypothesis's secondary corpus of each key (reads and deletes unchanged).
+
+    For a run that does not shrink (the look of ``first_failure.py``): Hypothesis takes an interesting example
+    from the primary corpus for an already shrunk one and skips shrinking it; from the secondary corpus it
+    replays the example and shrinks it."""
 
     def save(self, key: bytes, value: bytes) -> None:
         self.database.save(key if key.endswith(_SUB_KEYS) else key + b".secondary", value)
@@ -331,7 +335,7 @@ class SharedExamples(ExampleDatabase):
         pass
 
 
-class SaveOnlyDatabase(ExampleDatabase):
+class SaveOnlyDatabase(_Wrapping):
     """A campaign worker's view of the shared database: it reads and saves, and never deletes.
 
     Hypothesis deletes an example that no longer fails on replay, and moves a
@@ -339,19 +343,6 @@ class SaveOnlyDatabase(ExampleDatabase):
     does nothing and a move only saves at its destination, so a counterexample
     leaves the shared database only through ``prune``.
     """
-
-    def __init__(self, database: ExampleDatabase) -> None:
-        super().__init__()
-        self.database = database
-
-    def __repr__(self) -> str:
-        return f"SaveOnlyDatabase({self.database!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SaveOnlyDatabase) and self.database == other.database
-
-    def __hash__(self) -> int:
-        return hash(self.database)
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         return self.database.fetch(key)
