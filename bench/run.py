@@ -17,7 +17,7 @@
 - tolerance: the float32 example adapter on 3,000 random layers (~13,000
   steps): its error in ulps at the output's magnitude, and its error as a
   fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
-- mixed: the float32-RoPE-table, float32-softmax and float32-rotation example adapters (float64
+- mixed: the float32-RoPE-table, -softmax, -rotation and -transcendentals example adapters (float64
   otherwise, ``mixed_precision`` declared) on 1,000 random layers at
   positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
   (median, max, steps over 1), the ulp floor that would take, and error / the
@@ -50,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -218,19 +219,30 @@ def bench_tolerance() -> None:
 
 
 def bench_mixed(only: str | None = None) -> None:
+    import examples.minimal_adapter as example
     from examples.minimal_adapter import (
         make_float32_rope_adapter,
         make_float32_rotation_adapter,
         make_float32_softmax_adapter,
+        make_float32_transcendentals_adapter,
     )
     from kvcache_conformance.judge.tolerance import _EPS, ABSOLUTE, FACTOR, Judge
     from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
 
+
+    def result_rounded(function: Any, dtype: str | None) -> Any:  # float32 accuracy without rounding the argument
+        return function if dtype is None else lambda x: function(x).astype(dtype).astype(np.asarray(x).dtype)
+
     # (layers, first checked position at most): the documented ranges (the layer machine's capacity is 8,
     # a decoder's sequence 12), then deeper positions, where the RoPE angle errors grow
-    makers = (make_float32_rope_adapter, make_float32_softmax_adapter, make_float32_rotation_adapter)
-    for make in (m for m in makers if only is None or only in m.__name__):
-        for layers, deepest in ((1000, 4), (300, 56)):
+    makers = (make_float32_rope_adapter, make_float32_softmax_adapter, make_float32_rotation_adapter,
+              make_float32_transcendentals_adapter)
+    styles = {"argument rounded": example.function_in, "result rounded": result_rounded}
+    runs = [(make, style) for make in makers if only is None or only in make.__name__
+            for style in (styles if "transcendentals" in make.__name__ else ["argument rounded"])]
+    for (make, style), (layers, deepest) in ((run, size) for run in runs for size in ((1000, 4), (300, 56))):
+        example.function_in = styles[style]
+        try:
             adapter, rng = make(), np.random.default_rng(0)
             judge = Judge.for_adapter(adapter, FLOAT64)
             bare: dict[str, list[float]] = {"output": [], "keys": []}  # error / (2 x naive + 1e-12)
@@ -261,7 +273,8 @@ def bench_mixed(only: str | None = None) -> None:
                         ruled[what].append(error / tolerance)
                         scale = max(1.0, float(np.abs(expected).max()))
                         needed[what].append((error - FACTOR * naive - ABSOLUTE) / (_EPS["float32"] * scale))
-            print(f"{adapter.name}, {len(bare['output'])} steps from positions 0..{deepest + 6}, {judge.rule}")
+            print(f"{adapter.name} ({style}), {len(bare['output'])} steps from positions 0..{deepest + 6}, "
+                  f"{judge.rule}")
             for what in bare:
                 plain, rule = np.array(bare[what]), np.array(ruled[what])
                 print(f"  {what:6}: error / ({FACTOR:g} x naive + {ABSOLUTE:.0e}): median {np.median(plain):.2f}, "
@@ -269,6 +282,8 @@ def bench_mixed(only: str | None = None) -> None:
                       f"{max(0.0, max(needed[what])):.2f} ulps; error / tolerance: median {np.median(rule):.3f}, "
                       f"max {rule.max():.3f}")
 
+        finally:
+            example.function_in = styles["argument rounded"]
 
 def bench_traces() -> None:
     from impl.conformance import ReferenceAdapter

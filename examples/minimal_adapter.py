@@ -14,7 +14,8 @@ it declares ``dtype = "float32"`` and is judged by the low-precision rule
 stays float64 but computes its RoPE table (angles, cos, sin) in float32, as
 Hugging Face's ``LlamaRotaryEmbedding`` does in a float64 model, and
 ``make_float32_softmax_adapter`` its softmax, ``make_float32_rotation_adapter``
-its whole rotation (table and products): each declares it in
+its whole rotation (table and products), and ``make_float32_transcendentals_adapter``
+every exp, cos and sin (float32 functions on float64 arithmetic): each declares it in
 ``mixed_precision`` and is judged by the mixed-precision rule.
 """
 
@@ -39,18 +40,27 @@ class Cache:
         self.values: list[np.ndarray] = []
 
 
+def function_in(function: Any, dtype: str | None) -> Any:
+    """``function`` of ``dtype``'s accuracy: the argument rounded to it, the result back in the argument's dtype."""
+    if dtype is None:
+        return function
+    return lambda x: function(np.asarray(x).astype(dtype)).astype(np.asarray(x).dtype)
+
+
 def rotate(x: np.ndarray, position: int, rope: Any, table: str | None = None,
-           rotation: str | None = None) -> np.ndarray:
+           rotation: str | None = None, transcendentals: str | None = None) -> np.ndarray:
     """Interleaved RoPE of ``x [..., dh]`` at ``position``; angles, cos and sin in dtype ``table`` (None: float64),
-    or, with ``rotation``, the table and the rotation itself in that dtype (the result back in x's). A layer
-    without RoPE (``rope`` None) is not rotated."""
+    or, with ``rotation``, the table and the rotation itself in that dtype (the result back in x's); with
+    ``transcendentals``, cos and sin of that dtype's accuracy. A layer without RoPE (``rope`` None) is not
+    rotated."""
     if rope is None:
         return x
     r, table = rope.rotary_width, rotation or table
+    cos, sin = function_in(np.cos, transcendentals), function_in(np.sin, transcendentals)
     theta = position * np.asarray(rope.base, table) ** (-np.arange(0, r, 2, dtype=table) / r)
     a, b = x[..., 0:r:2].astype(rotation or x.dtype), x[..., 1:r:2].astype(rotation or x.dtype)
     out = x.copy()
-    out[..., 0:r:2], out[..., 1:r:2] = a * np.cos(theta) - b * np.sin(theta), a * np.sin(theta) + b * np.cos(theta)
+    out[..., 0:r:2], out[..., 1:r:2] = a * cos(theta) - b * sin(theta), a * sin(theta) + b * cos(theta)
     return out
 
 
@@ -62,6 +72,7 @@ class MinimalAdapter:
     rope_table: str | None = None  # dtype of the RoPE table if not float64 (declare it in mixed_precision)
     softmax_dtype: str | None = None  # dtype the softmax runs in if not self.dtype (likewise)
     rotation_dtype: str | None = None  # dtype of the whole rotation, table included, if not float64 (likewise)
+    transcendental_dtype: str | None = None  # dtype whose accuracy exp, cos and sin have, if not float64 (likewise)
 
     def create_layer(self, weights: Any, rope: Any) -> Layer:
         arrays = {name: np.array(getattr(weights, name), dtype=self.dtype) for name in ("wq", "wk", "wv", "wo")}
@@ -84,14 +95,16 @@ class MinimalAdapter:
         w, heads, dh = layer.weights, layer.heads, layer.head_width
         row, position = x[:, 0, :].astype(self.dtype), len(cache.keys)
         split = lambda y: y.reshape(row.shape[0], heads, dh)  # noqa: E731  [B, H, dh]
-        query = rotate(split(row @ w["wq"]), position, layer.rope, self.rope_table, self.rotation_dtype)
-        key = rotate(split(row @ w["wk"]), position, layer.rope, self.rope_table, self.rotation_dtype)
+        query = rotate(split(row @ w["wq"]), position, layer.rope, self.rope_table, self.rotation_dtype,
+                       self.transcendental_dtype)
+        key = rotate(split(row @ w["wk"]), position, layer.rope, self.rope_table, self.rotation_dtype,
+                     self.transcendental_dtype)
         value = split(row @ w["wv"])
         keys = np.stack([*cache.keys, key], axis=2)  # [B, H, T, dh]; raises on a wrong batch: nothing written yet
         values = np.stack([*cache.values, value], axis=2)
         scores = np.einsum("bhd,bhtd->bht", query, keys) / np.sqrt(np.array(dh, dtype=self.dtype))
         scores = scores.astype(self.softmax_dtype or self.dtype)
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = function_in(np.exp, self.transcendental_dtype)(scores - scores.max(axis=-1, keepdims=True))
         weights /= weights.sum(axis=-1, keepdims=True)
         mixed = np.einsum("bht,bhtd->bhd", weights.astype(self.dtype), values).reshape(row.shape[0], heads * dh)
         output = (mixed @ w["wo"])[:, None, :]
@@ -145,6 +158,16 @@ class Float32RotationAdapter(MinimalAdapter):
     mixed_precision: ClassVar[dict[str, str]] = {"rotation": "float32"}
 
 
+class Float32TranscendentalsAdapter(MinimalAdapter):
+    """Float64 arithmetic whose exp, cos and sin have float32 accuracy (the argument rounded to float32, the
+    function computed there), as a framework whose float64 calls float32 kernels for them does; declared."""
+
+    name = "example-minimal-float32-transcendentals"
+    capabilities = frozenset({"rope_interleaved"})
+    transcendental_dtype = "float32"
+    mixed_precision: ClassVar[dict[str, str]] = {"transcendentals": "float32"}
+
+
 def make_adapter() -> MinimalAdapter:
     return MinimalAdapter()
 
@@ -163,3 +186,7 @@ def make_float32_softmax_adapter() -> MinimalAdapter:
 
 def make_float32_rotation_adapter() -> MinimalAdapter:
     return Float32RotationAdapter()
+
+
+def make_float32_transcendentals_adapter() -> MinimalAdapter:
+    return Float32TranscendentalsAdapter()

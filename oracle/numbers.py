@@ -114,8 +114,10 @@ def numpy_precision(dtype: str) -> NumberSystem:
 
 
 # "rope": the cos/sin table (angles, cos and sin); "softmax": exp, sum and division; "rotation": the table and the
-# rotation itself (the rotated features rounded to the dtype, multiplied and summed there, converted back)
-COMPONENTS = ("rope", "softmax", "rotation")
+# rotation itself (the rotated features rounded to the dtype, multiplied and summed there, converted back);
+# "transcendentals": every exp, cos, sin and tanh of that dtype's accuracy -- the argument rounded to it, the
+# function computed there, the result back in float64 -- with all the arithmetic around them in float64
+COMPONENTS = ("rope", "softmax", "rotation", "transcendentals")
 
 
 def mixed_precision(components: Mapping[str, str]) -> NumberSystem:
@@ -130,8 +132,21 @@ def mixed_precision(components: Mapping[str, str]) -> NumberSystem:
     if "rope" in components and "rotation" in components:
         raise ValueError("mixed precision: 'rotation' computes the RoPE table in its dtype too; declare one of "
                          "'rope' (the table only) and 'rotation'")
-    pairs = tuple((name, numpy_precision(components[name])) for name in COMPONENTS if name in components)
-    if not pairs:
+    pairs = tuple((name, numpy_precision(components[name])) for name in COMPONENTS
+                  if name in components and name != "transcendentals")
+    base = FLOAT64 if "transcendentals" not in components else _with_functions_of(
+        numpy_precision(components["transcendentals"]))
+    if not pairs and base is FLOAT64:
         return FLOAT64
-    described = ", ".join(f"{name} in {system.name}" for name, system in pairs)
-    return replace(FLOAT64, name=f"float64 with {described}", components=pairs)
+    described = ", ".join(f"{name} in {components[name]}" for name in COMPONENTS if name in components)
+    return replace(base, name=f"float64 with {described}", components=pairs)
+
+
+def _with_functions_of(low: NumberSystem) -> NumberSystem:
+    """Float64 whose transcendental functions are ``low``'s, on the argument rounded to it."""
+
+    def lowered(function: Callable[[Any], Any]) -> Callable[[float], float]:
+        return lambda x: float(function(low.number(x)))
+
+    return replace(FLOAT64, exp=lowered(low.exp), cos=lowered(low.cos), sin=lowered(low.sin),
+                   tanh=lowered(low.tanh))

@@ -19,6 +19,7 @@ from examples.minimal_adapter import (
     make_float32_rope_adapter,
     make_float32_rotation_adapter,
     make_float32_softmax_adapter,
+    make_float32_transcendentals_adapter,
 )
 from impl.cache import LayerKvCache
 from impl.conformance import KeepsEveryRowAdapter, ReferenceAdapter, WindowUntilFullAdapter
@@ -254,6 +255,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
                                                mixed_precision={"rotation": "float32"}),
     "mixed-softmax-float32": lambda: Declared("mixed-softmax-float32", {"rope_interleaved"},
                                               make_float32_softmax_adapter(), mixed_precision={"softmax": "float32"}),
+    "mixed-transcendentals-float32": lambda: Declared("mixed-transcendentals-float32", {"rope_interleaved"},
+                                                      make_float32_transcendentals_adapter(),
+                                                      mixed_precision={"transcendentals": "float32"}),
 }
 
 
@@ -304,6 +308,9 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "mixed-softmax-float32-undeclared": (
         lambda: Declared("twin-softmax-float32", {"float64", "rope_interleaved"}, make_float32_softmax_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),
+    "mixed-transcendentals-float32-undeclared": (
+        lambda: Declared("twin-transcendentals-float32", {"float64", "rope_interleaved"},
+                         make_float32_transcendentals_adapter(), mixed_precision={}), "layer_cache", {}, ""),
 }
 
 

@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from examples.minimal_adapter import Float32Adapter, Float32RopeAdapter, Float32SoftmaxAdapter, MinimalAdapter
+from examples.minimal_adapter import (
+    Float32Adapter,
+    Float32RopeAdapter,
+    Float32SoftmaxAdapter,
+    Float32TranscendentalsAdapter,
+    MinimalAdapter,
+)
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.judge.tolerance import ABSOLUTE, FACTOR, FLOOR_ULPS, Judge
 from kvcache_conformance.oracle import (
@@ -122,6 +128,13 @@ class Float16RopeClaimingFloat32(Float32RopeAdapter):
     rope_table = "float16"
 
 
+class Float16TranscendentalsClaimingFloat32(Float32TranscendentalsAdapter):
+    """Declares exp, cos and sin of float32 accuracy, has float16's."""
+
+    name = "float16-transcendentals-claiming-float32"
+    transcendental_dtype = "float16"
+
+
 class Declared(MinimalAdapter):
     """For the declaration checks: set ``dtype`` and ``mixed_precision`` per instance."""
 
@@ -153,7 +166,7 @@ def test_the_mixed_precision_rule_is_the_documented_formula() -> None:
 
 @pytest.mark.parametrize(("dtype", "mixed", "complaint"), [
     ("float32", {"rope": "float32"}, "for float64 adapters only"),
-    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax', 'rotation')"),
+    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax', 'rotation', 'transcendentals')"),
     ("float64", {"softmax": "float64"}, "dtype must be one of ('float32', 'float16', 'bfloat16')"),
     ("float64", "float32", "must map components to dtypes"),
 ])
@@ -271,3 +284,29 @@ def test_a_float32_rotation_rounds_the_rotated_features_and_keeps_the_rest() -> 
     assert table_only[:2] != rotation[:2] and all(abs(a - b) < 1e-6 for a, b in zip(rotation, exact))
     with pytest.raises(ValueError, match="rotation"):
         mixed_precision({"rope": "float32", "rotation": "float32"})
+
+
+def test_float32_transcendentals_round_the_functions_and_nothing_else() -> None:
+    """exp, cos, sin and tanh take the argument rounded to float32 and give float32's result; the arithmetic
+    around them, and sqrt, stay float64."""
+    numbers = mixed_precision({"transcendentals": "float32"})
+    assert numbers.name == "float64 with transcendentals in float32" and numbers.components == ()
+    x = 0.5 + 1e-12
+    for function, exact in ((numbers.exp, np.exp), (numbers.cos, np.cos), (numbers.sin, np.sin),
+                            (numbers.tanh, np.tanh)):
+        assert function(x) == float(exact(np.float32(x))) and function(x) != float(exact(x))
+    assert numbers.sqrt(2.0) == FLOAT64.sqrt(2.0) and numbers.number(x) == x
+    both = mixed_precision({"transcendentals": "float32", "softmax": "bfloat16"})
+    assert both.component("softmax").name == "bfloat16" and both.exp(x) == numbers.exp(x)
+
+
+@pytest.mark.slow
+def test_declared_float32_transcendentals_pass_and_float16_ones_fail() -> None:
+    result = run_declared(Float32TranscendentalsAdapter(), "float32 transcendentals")
+    assert result.failure is None, result.failure
+    error, tolerance = result.worst
+    assert ABSOLUTE < error <= tolerance and "with transcendentals in float32" in result.rule
+    with np.errstate(over="ignore"):
+        result = run_declared(Float16TranscendentalsClaimingFloat32(), "float16 transcendentals")
+    assert isinstance(result.failure, NonConformance)
+    assert "exceeds tolerance" in str(result.failure) and "exceeds tolerance 1e-12" not in str(result.failure)
