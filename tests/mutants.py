@@ -522,8 +522,10 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
             for windowed in (False, True)]
 
 
-def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill | None:
-    """Run the mutant's machines under the ``ci`` profile against it; None if it survives."""
+def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None,
+         shrink_seconds: float | None = None) -> Kill | None:
+    """Run the mutant's machines under the ``ci`` profile against it; None if it survives. ``shrink_seconds``:
+    the shrink budget after the kill (default: the suite's own, ``runner.SHRINK_SECONDS``)."""
     from kvcache_conformance.judge.failures import NonConformance
     from kvcache_conformance.run import profiles, selection
     from kvcache_conformance.run.runner import run_machine
@@ -534,7 +536,7 @@ def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None) -> Kill
                                max_examples=mutant.examples)
     for family, machine, parameters in runs_for(mutant):
         result = run_machine(machine, adapter, property_id=f"{machine}[{family}]", parameters=parameters,
-                             requires=(), trace_dir=trace_dir, settings=ci, spec=spec)
+                             requires=(), trace_dir=trace_dir, settings=ci, spec=spec, shrink_seconds=shrink_seconds)
         if isinstance(result.failure, NonConformance):
             return Kill(mutant.name, family, result.first_failing or result.runs, result.runs, result.steps,
                         str(result.failure).splitlines()[0], result.trace)
