@@ -27,6 +27,7 @@ from .errors import (
     NonFiniteKeyValue,
     TokenCountError,
 )
+from .functions import FLOAT64_FUNCTIONS, Functions
 from .parameters import Parameter
 from .rope import RopeConfig
 
@@ -44,7 +45,7 @@ class AttentionLayer:
     """Causal multi-head attention (MHA, GQA, MQA) with RoPE; row vectors ``y = x @ W``."""
 
     def __init__(self, wq: Parameter, wk: Parameter, wv: Parameter, wo: Parameter, *,
-                 heads: int, kv_heads: int, rope: RopeConfig) -> None:
+                 heads: int, kv_heads: int, rope: RopeConfig, functions: Functions = FLOAT64_FUNCTIONS) -> None:
         if not all(isinstance(p, Parameter) for p in (wq, wk, wv, wo)):
             raise InvalidLayerConfig("wq, wk, wv and wo must be Parameter objects")
         if not isinstance(rope, RopeConfig):
@@ -68,19 +69,21 @@ class AttentionLayer:
             raise InvalidLayerConfig("wq, wk, wv and wo must be four distinct parameters")
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.heads, self.kv_heads, self.rope = heads, kv_heads, rope
+        self.functions = functions  # exp, cos and sin: float64's, or of a lower dtype's accuracy
         self.model_width, self.head_width = model_width, head_width
 
     @classmethod
     def from_arrays(cls, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, wo: np.ndarray, *,
-                    heads: int, kv_heads: int, rope: RopeConfig) -> AttentionLayer:
+                    heads: int, kv_heads: int, rope: RopeConfig,
+                    functions: Functions = FLOAT64_FUNCTIONS) -> AttentionLayer:
         """A layer owning four new parameters (a new identity) with copies of these values."""
         return cls(Parameter("wq", wq), Parameter("wk", wk), Parameter("wv", wv), Parameter("wo", wo),
-                   heads=heads, kv_heads=kv_heads, rope=rope)
+                   heads=heads, kv_heads=kv_heads, rope=rope, functions=functions)
 
     def with_rope(self, rope: RopeConfig) -> AttentionLayer:
         """The same parameter objects under another RoPE configuration."""
         return AttentionLayer(self.wq, self.wk, self.wv, self.wo,
-                              heads=self.heads, kv_heads=self.kv_heads, rope=rope)
+                              heads=self.heads, kv_heads=self.kv_heads, rope=rope, functions=self.functions)
 
     @property
     def parameters(self) -> tuple[Parameter, Parameter, Parameter, Parameter]:
@@ -139,7 +142,7 @@ class AttentionLayer:
         _require_finite(NonFiniteInput, "input", x)
         with np.errstate(over="ignore", invalid="ignore"):
             query, key, value = self._project(x)
-            angles = self.rope.angles(positions)  # one table for queries and keys
+            angles = self.rope.angles(positions, self.functions)  # one table for queries and keys
             query = self.rope.rotate_with(query, angles)
             key = self.rope.rotate_with(key, angles)
             _require_finite(NonFiniteKeyValue, "projected key", key)
@@ -147,7 +150,7 @@ class AttentionLayer:
             _require_finite(NonFiniteAttention, "rotated query", query)
             stored_keys, stored_values, stored_positions = cache.held_rows(oldest_first=False)  # [B, KV, n, dh]
             mixed = _attend(query, key, value, positions, stored_keys, stored_values, stored_positions,
-                            window=cache.window, sinks=cache.sinks)  # [B, T, H*dh]
+                            window=cache.window, sinks=cache.sinks, functions=self.functions)  # [B, T, H*dh]
             output = mixed @ self.wo.value  # [B, T, D]
             _require_finite(NonFiniteAttention, "attention output", output)
         return PreparedRows(output=output, keys=key, values=value)
@@ -172,10 +175,11 @@ class AttentionLayer:
             raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
         positions = np.arange(x.shape[1])
         query, key, value = self._project(x)
-        angles = self.rope.angles(positions)
+        angles = self.rope.angles(positions, self.functions)
         query, key = self.rope.rotate_with(query, angles), self.rope.rotate_with(key, angles)
         nothing = np.zeros((*key.shape[:2], 0, self.head_width))  # no stored rows
-        mixed = _attend(query, key, value, positions, nothing, nothing, positions[:0], window=window)
+        mixed = _attend(query, key, value, positions, nothing, nothing, positions[:0], window=window,
+                        functions=self.functions)
         output: np.ndarray = mixed @ self.wo.value  # [B, T, D]
         return output
 
@@ -185,7 +189,7 @@ QUERY_BLOCK = 128  # new rows per tile: a tile scores only the keys it can see, 
 
 def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np.ndarray,
             stored_keys: np.ndarray, stored_values: np.ndarray, stored_positions: np.ndarray,
-            window: int | None, sinks: int = 0) -> np.ndarray:
+            window: int | None, sinks: int = 0, functions: Functions = FLOAT64_FUNCTIONS) -> np.ndarray:
     """New query rows over the stored rows plus the new rows, causally (and within ``window``, besides the first
     ``sinks`` positions, which every later query sees: attention sinks).
 
@@ -203,7 +207,7 @@ def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np
         oldest = 0 if window is None or sinks else max(0, first - window + 1)
         tiles.append(_attend_tile(grouped[:, :, :, first:last], positions[first:last], key[:, :, oldest:last],
                                   value[:, :, oldest:last], positions[oldest:last], stored_keys, stored_values,
-                                  stored_positions, window, sinks))
+                                  stored_positions, window, sinks, functions))
     mixed = tiles[0] if len(tiles) == 1 else np.concatenate(tiles, axis=3)  # [B, KV, G, T, dh]
     merged: np.ndarray = mixed.reshape(batch, heads, tokens, dh).transpose(0, 2, 1, 3).reshape(batch, tokens, -1)
     return merged
@@ -211,7 +215,8 @@ def _attend(query: np.ndarray, key: np.ndarray, value: np.ndarray, positions: np
 
 def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, value: np.ndarray,
                  key_positions_new: np.ndarray, stored_keys: np.ndarray, stored_values: np.ndarray,
-                 stored_positions: np.ndarray, window: int | None, sinks: int = 0) -> np.ndarray:
+                 stored_positions: np.ndarray, window: int | None, sinks: int = 0,
+                 functions: Functions = FLOAT64_FUNCTIONS) -> np.ndarray:
     """``query [B, KV, G, t, dh]`` at ``positions [t]`` over stored and new keys; ``[B, KV, G, t, dh]``.
 
     Query heads of a group and tile rows share one axis (``G*t``) so that every
@@ -236,15 +241,18 @@ def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, valu
         outside = (key_positions[None, :] <= positions[:, None] - window) & (key_positions[None, :] >= sinks)
         hidden = (key_positions[None, :] > positions[:, None]) | outside
         np.copyto(scores, -np.inf, where=hidden)
-    weights = _softmax(scores).reshape(batch, kv_heads, group * rows, -1)  # [B, KV, G*t, n + k]
+    weights = _softmax(scores, functions).reshape(batch, kv_heads, group * rows, -1)  # [B, KV, G*t, n + k]
     mixed: np.ndarray = weights[..., :stored] @ stored_values + weights[..., stored:] @ value  # [B, KV, G*t, dh]
     return mixed.reshape(batch, kv_heads, group, rows, dh)
 
 
-def _softmax(scores: np.ndarray) -> np.ndarray:
+def _softmax(scores: np.ndarray, functions: Functions = FLOAT64_FUNCTIONS) -> np.ndarray:
     """Stable softmax over the last axis, in place: subtract the row maximum first."""
     scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
+    if functions.dtype is None:
+        np.exp(scores, out=scores)
+    else:
+        scores[...] = functions.exp(scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
 

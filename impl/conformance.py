@@ -18,6 +18,7 @@ from . import __version__, errors
 from .attention import AttentionLayer
 from .cache import LayerKvCache
 from .decoder import Decoder, DecodeSession
+from .functions import Functions
 from .paged_conformance import PagedReferenceMethods
 from .prefix_store import BlockRows, PrefixStore, QueryResult
 from .rope import RopeConfig
@@ -282,6 +283,31 @@ class RegisteredDuplicatesPagedAdapter(ReferenceAdapter):
 
 def make_registered_duplicates_paged_adapter() -> RegisteredDuplicatesPagedAdapter:
     return RegisteredDuplicatesPagedAdapter()
+
+
+class Float32TranscendentalsAdapter(ReferenceAdapter):
+    """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
+    arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder
+    and the paged pool compute their own functions in float64."""
+
+    name = f"{ReferenceAdapter.name}[transcendentals float32]"
+    capabilities = ReferenceAdapter.capabilities - {
+        "float64", "decode_session", "prefix_store", "sliding_window", "positions_sinusoidal", "positions_rope",
+        "paged_prefix_sharing"}
+    mixed_precision: ClassVar[dict[str, str]] = {"transcendentals": "float32"}
+    functions = Functions("float32")
+
+    def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
+        return AttentionLayer.from_arrays(weights.wq, weights.wk, weights.wv, weights.wo, heads=weights.heads,
+                                          kv_heads=weights.kv_heads, rope=_rope(rope), functions=self.functions)
+
+    def recreate_layer(self, layer: AttentionLayer) -> AttentionLayer:
+        return AttentionLayer.from_arrays(*(p.value for p in layer.parameters), heads=layer.heads,
+                                          kv_heads=layer.kv_heads, rope=layer.rope, functions=self.functions)
+
+
+def make_float32_transcendentals_adapter() -> Float32TranscendentalsAdapter:
+    return Float32TranscendentalsAdapter()
 
 
 def make_fp8_adapter() -> QuantizedReferenceAdapter:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidRopeConfig, RopePositionOutOfRange
+from .functions import FLOAT64_FUNCTIONS, Functions
 
 STYLES = ("interleaved", "half_split")
 
@@ -43,7 +44,8 @@ class RopeConfig:
                 and self.max_positions == other.max_positions
                 and _bits(self.base) == _bits(other.base))
 
-    def angles(self, positions: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def angles(self, positions: int | np.ndarray,
+               functions: Functions = FLOAT64_FUNCTIONS) -> tuple[np.ndarray, np.ndarray]:
         """``cos`` and ``sin`` of every pair's angle at ``positions``: ``[r/2]`` or ``[T, r/2]``."""
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= self.max_positions):
@@ -52,7 +54,7 @@ class RopeConfig:
         r = self.rotary_width
         inverse_frequency = self.base ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [r/2]
         theta = np.multiply.outer(positions, inverse_frequency)
-        return np.cos(theta), np.sin(theta)
+        return functions.cos(theta), functions.sin(theta)
 
     def rotate_with(self, x: np.ndarray, angles: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Rotate ``x [..., dh]`` (or ``[..., T, dh]``) by ``angles(positions)``, which fix the rotary width."""

@@ -101,9 +101,9 @@ MUTANTS = (
            (("and self.max_positions == other.max_positions\n", "\n"),),
            "ignores a change of RoPE position capacity"),
     Mutant("rotary_width_ignored", "attention.py",
-           (("angles = self.rope.angles(positions)  # one table for queries and keys",
+           (("angles = self.rope.angles(positions, self.functions)  # one table for queries and keys",
              "angles = type(self.rope)(self.rope.style, self.rope.base, self.head_width, self.rope.max_positions)"
-             ".angles(positions)"),),
+             ".angles(positions, self.functions)"),),
            "rotates every feature of a head even under partial rotary"),
     Mutant("query_not_rotated", "attention.py",
            (("query = self.rope.rotate_with(query, angles)\n", "\n"),),
@@ -456,6 +456,15 @@ MUTANTS = (
              "        (copy,) = self._take(1)  # a fresh block: its rows are whatever it held\n"
              "        self._release_all([block])\n"),),
            "copy-on-write takes a fresh block without copying the shared block's rows into it", "paged"),
+    Mutant("transcendentals_exp_in_float16", "functions.py",
+           (("        return self._of(np.exp, x)\n", "        return Functions(\"float16\")._of(np.exp, x)\n"),),
+           "declares exp, cos and sin of float32 accuracy; its exp has float16's",
+           factory="make_float32_transcendentals_adapter", examples=200),  # seen only past 8 float32 ulps
+    Mutant("transcendentals_angles_to_float16", "functions.py",
+           (("        return self._of(np.cos, x)\n", "        return self._of(np.cos, x).astype(np.float16) * 1.0\n"),
+            ("        return self._of(np.sin, x)\n", "        return self._of(np.sin, x).astype(np.float16) * 1.0\n")),
+           "declares float32 transcendentals; its RoPE cos and sin come out rounded to float16",
+           factory="make_float32_transcendentals_adapter", examples=200),  # a rotated row past position 0
     Mutant("paged_lru_evicts_everything", "paged_cache.py",
            (('victims = list(self._cached) if self.eviction == "all_at_once" else',
              "victims = list(self._cached) if True else"),),
