@@ -81,6 +81,7 @@ def _pytest(tmp_path: Path, xfails: str, *arguments: str) -> tuple[subprocess.Co
     return process, report
 
 
+@pytest.mark.slow  # six ci-profile machine runs in a subprocess (20-50 s): once, on 3.11, not on every Python
 def test_known_failures_are_xfailed_rules_left_out_and_the_rest_judged(tmp_path: Path) -> None:
     process, report = _pytest(tmp_path, XFAILS, "-n", "2", "-k", "not deselected")
     output = process.stdout + process.stderr
