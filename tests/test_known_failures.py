@@ -73,7 +73,9 @@ def _pytest(tmp_path: Path, xfails: str, *arguments: str) -> tuple[subprocess.Co
     (tmp_path / "xfails.txt").write_text(xfails)
     report = tmp_path / "report.json"
     process = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-rA",
+        # --rootdir: node ids relative to the module's directory wherever the checkout is (pytest would take the
+        # common ancestor of the checkout and tmp_path, /tmp for a checkout under /tmp)
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-rA", f"--rootdir={tmp_path}",
          str(tmp_path / "test_known_module.py"), f"--kv-xfails={tmp_path / 'xfails.txt'}",
          "--kv-impl=tests.misbehaving:ResetKeepsTheLength", f"--kv-report={report}",
          f"--kv-traces={tmp_path / 'traces'}", *arguments],
