@@ -64,6 +64,31 @@ def test_each_implementation_gets_its_own_example_database(tmp_path: Path) -> No
         profiles.load(current)
 
 
+def test_a_named_profile_wins_over_the_one_hypothesis_guesses_on_a_ci_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    current = settings.get_current_profile_name()
+    try:
+        settings.load_profile("ci")  # what Hypothesis does at import when it sees CI=true
+        monkeypatch.setenv(profiles.ENV_VAR, "dev")
+        assert profiles.load() == "dev"
+        assert profiles.load("quick") == "quick"  # --hypothesis-profile wins over the variable
+        monkeypatch.delenv(profiles.ENV_VAR)
+        settings.load_profile("ci")
+        assert profiles.load() == "ci"  # nothing named: a CI machine gets our ci
+        settings.load_profile("default")
+        assert profiles.load() == profiles.DEFAULT
+    finally:
+        profiles.load(current)
+
+
+def test_on_a_ci_machine_the_run_uses_the_profile_named_in_the_environment() -> None:
+    environment = {**os.environ, "CI": "true", "HYPOTHESIS_PROFILE": "dev"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:randomly",
+                          "properties/test_layer_cache.py"], cwd=ROOT, env=environment, capture_output=True,
+                         text=True, timeout=300).stdout
+    assert "kvcache hypothesis profile: dev " in out, out[-2000:]
+
+
 def test_the_minimal_example_adapter_conforms_to_what_it_claims() -> None:
     ci = settings(settings.get_profile("ci"), database=None)
     run_state_machine_as_test(lambda: LayerCacheMachine(make_adapter(), style="interleaved", grouped=False),

@@ -44,7 +44,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:  # after every pytest_
     parent = config.getoption("--kv-shard-parent")
     if parent is not None:
         _end_with_parent(parent)
-    name = profiles.load()
+    name = profiles.load(config.getoption("hypothesis_profile", None))
     problem = profiles.shared_database_problem(name)
     url = config.getoption("--kv-shard-db")
     role = config.getoption("--kv-shard-role")

@@ -128,14 +128,14 @@ def _activate(config: pytest.Config) -> None:
     """Resolve the implementation, the oracle and the profiles, and register the parts of the plugin that run."""
     config.stash[_ACTIVE] = True
     profiles.register()
-    profiles.load()
+    profiles.load(config.getoption("hypothesis_profile", None))
     try:
         adapter = selection.configure(config.getoption(selection.OPTION), config.getoption("--oracle"))
     except selection.AdapterLoadError as error:
         raise pytest.UsageError(str(error)) from None
     databases_root = config.invocation_params.dir / config.getoption("--kv-examples")
     profiles.register(databases_root, selection.database_key(adapter), shared=_shared_database(config, adapter))
-    profiles.load()
+    profiles.load(config.getoption("hypothesis_profile", None))
     calls.CALL_TIMEOUT = config.getoption("--kv-call-timeout")
     causes = config.getoption("--kv-causes")
     if causes is not None and causes < 1:
@@ -167,7 +167,7 @@ def _shared_database(config: pytest.Config, adapter: object) -> databases.Shared
     url = databases.shared_url(config.getoption(databases.SHARED_OPTION))
     if url is None:
         return None
-    problem = profiles.shared_database_problem(profiles.load())
+    problem = profiles.shared_database_problem(profiles.load(config.getoption("hypothesis_profile", None)))
     if problem:
         raise pytest.UsageError(problem)
     try:

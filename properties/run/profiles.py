@@ -79,8 +79,14 @@ def settings_for(name: str, **overrides: object) -> settings:
 
 
 def load(name: str | None = None) -> str:
-    """Load ``name``, else the current profile if it is one of ours, else $HYPOTHESIS_PROFILE or dev."""
+    """Load ``name`` (``--hypothesis-profile``), else $HYPOTHESIS_PROFILE, else the current profile if it is
+    one of ours, else dev.
+
+    $HYPOTHESIS_PROFILE comes before the current profile because Hypothesis loads a profile of its own called
+    ``ci`` whenever it sees a CI machine (the ``CI`` variable, and others): a profile the user named must win
+    over that guess. With neither named, a CI machine gets our ``ci``, as Hypothesis would give it its own.
+    """
     current = settings.get_current_profile_name()
-    chosen = name or (current if current in PROFILES else os.environ.get(ENV_VAR) or DEFAULT)
+    chosen = name or os.environ.get(ENV_VAR) or (current if current in PROFILES else DEFAULT)
     settings.load_profile(chosen)
     return chosen
