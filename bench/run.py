@@ -31,8 +31,10 @@
   prefix; reordering 8 beams against one copy of both buffers; a window
   step at steady state against a plain step over as many rows.
 - storage: the quantized reference adapters (fp8 per-tensor frozen, int8
-  per-channel recomputed, float16) on 400 random layers: error / the
-  storage rule's tolerance, error / (k x naive), and the floor it takes.
+  per-channel recomputed, float16, uint4 in affine groups of 4) on 400 random
+  layers: error / the storage rule's tolerance, error / (k x naive), and the
+  floor it takes; for the affine groups also a cache attending its newest 2
+  rows exact (residual rows).
 - traces: every trace of ``properties/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference (must conform), seconds per replay (median of 3).
@@ -290,7 +292,7 @@ def bench_traces() -> None:
     from kvcache_conformance.run import selection
     from kvcache_conformance.traces import codec as trace
     from kvcache_conformance.traces import replay
-    from tests.mutants import MUTANTS, build
+    from tests.mutants import MUTANTS, build, recorded_mutant
 
     directory = Path(tempfile.mkdtemp())
     print("regression traces: replay against the recording mutant, then the reference (median of 3 each)")
@@ -298,7 +300,7 @@ def bench_traces() -> None:
     rows = []
     for path in sorted((ROOT / "properties" / "regressions").glob("*.json")):
         document = trace.load(path)
-        name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-")
+        name = recorded_mutant(path)
         mutant = selection.load_adapter(build(next(m for m in MUTANTS if m.name == name), directory))
         verdicts: dict[str, list[replay.Verdict]] = {"mutant": [], "reference": []}
         for _ in range(3):
@@ -427,21 +429,24 @@ def bench_operations() -> None:
 def bench_storage() -> None:
     """The storage rule's budget (spec §13.6), measured on the reference's quantized adapters: each step's
     output and cached rows against k x the naive stored computation's error + a floor of format units."""
-    from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter
+    from impl.conformance import make_float16_adapter, make_fp8_adapter, make_int8_adapter, make_uint4_group_adapter
     from kvcache_conformance.judge.tolerance import ABSOLUTE, FACTOR, STORAGE_FLOOR_UNITS, Judge
     from kvcache_conformance.oracle import FLOAT64, AttentionWeights, RopeConfig, full_prefix_attention
 
     floors = (0.0, 0.5, STORAGE_FLOOR_UNITS)
-    for make in (make_fp8_adapter, make_int8_adapter, make_float16_adapter):
+    for make in (make_fp8_adapter, make_int8_adapter, make_float16_adapter, make_uint4_group_adapter):
         adapter, rng = make(), np.random.default_rng(0)
         storage = Judge.for_adapter(adapter, FLOAT64).storage
         assert storage is not None
         ratios: dict[str, dict[float, list[float]]] = {"output": {f: [] for f in floors},
                                                        "rows": {f: [] for f in floors}}
+        if storage.group:  # affine groups: also a cache that attends its newest RESIDUAL rows exact (HQQ, KIVI)
+            ratios["output, newest 2 rows exact"] = {f: [] for f in floors}
         quantized = tensors = 0
         for _ in range(400):
             heads, dh, width, length = (int(v) for v in (rng.integers(1, 5), 2 * rng.integers(1, 5),
                                                          rng.integers(1, 9), rng.integers(1, 9)))
+            dh = storage.group * int(rng.integers(1, 3)) if storage.group else dh
             shapes = [(width, heads * dh)] * 3 + [(heads * dh, width)]
             weights = AttentionWeights(*(rng.uniform(-1, 1, shape) for shape in shapes), heads=heads, kv_heads=heads)
             rope = RopeConfig("half_split", float(rng.choice([10.0, 1e4])), dh, 64)
@@ -464,14 +469,24 @@ def bench_storage() -> None:
             def held(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 return storage.stored(keys, calibration[0]), storage.stored(values, calibration[1])
 
+            def residual(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                stored_keys, stored_values = held(keys, values)
+                stored_keys[:, :, -2:], stored_values[:, :, -2:] = keys[:, :, -2:], values[:, :, -2:]
+                return stored_keys, stored_values
+
             truth = full_prefix_attention(x, weights, rope)
             naive = full_prefix_attention(x, weights, rope, storage=held)
-            for t, output in enumerate(outputs):
-                error = float(np.abs(output - truth.outputs[:, t]).max())
-                budget = FACTOR * float(np.abs(naive.outputs[:, t] - truth.outputs[:, t]).max()) + ABSOLUTE
-                unit = storage.unit * max(1.0, float(np.abs(truth.outputs[:, t]).max()))
-                for floor in floors:
-                    ratios["output"][floor].append(error / (budget + floor * unit))
+            styles = [("output", np.stack(outputs, axis=1))]
+            if storage.group:
+                styles.append(("output, newest 2 rows exact",
+                               full_prefix_attention(x, weights, rope, storage=residual).outputs))
+            for what, got_outputs in styles:
+                for t in range(length):
+                    error = float(np.abs(got_outputs[:, t] - truth.outputs[:, t]).max())
+                    budget = FACTOR * float(np.abs(naive.outputs[:, t] - truth.outputs[:, t]).max()) + ABSOLUTE
+                    unit = storage.unit * max(1.0, float(np.abs(truth.outputs[:, t]).max()))
+                    for floor in floors:
+                        ratios[what][floor].append(error / (budget + floor * unit))
             for name in ("keys", "values"):
                 exact, got, naive_rows = getattr(truth, name), getattr(stored, name), getattr(naive, name)
                 steps = storage.steps(exact, calibration[name == "values"])
@@ -481,13 +496,14 @@ def bench_storage() -> None:
                     ratios["rows"][floor].append(float((error / (budget + floor * steps)).max()))
         print(f"{adapter.name}: {len(ratios['output'][0.0])} steps on 400 random layers ({quantized} of {tensors} "
               f"cached tensors differ from the exact rows); one unit: {storage.unit:.3g}"
-              + (" of the scale's amax" if storage.format.startswith("int") else " relative (an ulp at 1)"))
+              + (" of the scale's amax" if storage.format.startswith("int") else " of the group's range"
+                 if storage.group else " relative (an ulp at 1)"))
         for what, by_floor in ratios.items():
             cells = []
             for floor, values in by_floor.items():
                 array = np.array(values)
                 cells.append(f"+ {floor:g} units: max {array.max():.3f}, over 1 in {int((array > 1).sum())}")
-            print(f"  {what:6} error / ({FACTOR:g} x naive " + "; ".join(cells))
+            print(f"  {what:6} error / ({FACTOR:g} x naive " + "; ".join(cells) + ")")
 
 
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,

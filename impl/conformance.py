@@ -194,7 +194,8 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule
         self.storage = rule.declared()
-        self.name = f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]"
+        self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}]" if rule.scale == "per_group"
+                     else f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]")
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
                      window: int | None = None, sinks: int = 0) -> LayerKvCache:
@@ -318,6 +319,12 @@ def make_fp8_adapter() -> QuantizedReferenceAdapter:
 def make_int8_adapter() -> QuantizedReferenceAdapter:
     """int8 with one scale per kv head and feature, recomputed from every row held."""
     return QuantizedReferenceAdapter(StorageRule("int8", "per_channel", "recomputed"))
+
+
+def make_uint4_group_adapter() -> QuantizedReferenceAdapter:
+    """Affine 4-bit rows, one scale and zero point for each group of 4 features of each token (HQQ's kind;
+    heads of 4 and 8 drawn)."""
+    return QuantizedReferenceAdapter(StorageRule("uint4", "per_group", group=4))
 
 
 def make_float16_adapter() -> QuantizedReferenceAdapter:

@@ -7,6 +7,13 @@ over) their rounded form: float formats round to nearest (``float16``,
 ``amax / largest`` over the whole tensor (``per_tensor``) or per kv head and
 feature (``per_channel``), ``recomputed`` from every row held or ``frozen``
 at the first update after creation or reset. Values past the range saturate.
+
+Unsigned formats (``uint8``, ``uint4``, ``uint3``, ``uint2``) are affine, one
+scale and zero point for each group of ``group`` features of each token
+(``per_group``, HQQ's and KIVI's kind): ``q = rint((x - lo) / s)`` with ``lo``
+the group's minimum and ``s`` its range over ``2**bits - 1`` (at least
+``min_step``), read back ``lo + q * s``. Each token's groups are its own, so
+there is nothing to recompute or freeze.
 """
 
 from __future__ import annotations
@@ -19,23 +26,34 @@ import numpy as np
 _FLOATS: dict[str, type[np.generic]] = {
     "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
 _INTEGERS = {"int8": 127, "int4": 7}
+_UNSIGNED = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}
 
 
 @dataclass(frozen=True)
 class StorageRule:
     format: str
-    scale: str = "none"  # none (float formats only), per_tensor, per_channel
+    scale: str = "none"  # none (float formats only), per_tensor, per_channel; per_group (unsigned formats)
     update: str = "recomputed"  # or frozen
+    group: int = 0  # per_group: features a group
+    min_step: float = 0.0  # per_group: the smallest step
 
     def __post_init__(self) -> None:
-        if self.format not in _FLOATS and self.format not in _INTEGERS:
+        if self.format not in _FLOATS and self.format not in _INTEGERS and self.format not in _UNSIGNED:
             raise ValueError(f"unknown storage format {self.format!r}")
-        if self.scale not in ("none", "per_tensor", "per_channel") or self.update not in ("recomputed", "frozen"):
+        if self.scale not in ("none", "per_tensor", "per_channel", "per_group") or self.update not in (
+                "recomputed", "frozen"):
             raise ValueError(f"unknown scale rule {self.scale!r} / {self.update!r}")
         if self.scale == "none" and (self.format in _INTEGERS or self.update == "frozen"):
             raise ValueError(f"{self.format} with a {self.update} scale needs a scale rule")
+        if (self.format in _UNSIGNED) != (self.scale == "per_group") or (
+                self.scale == "per_group" and (self.group < 1 or self.update != "recomputed")):
+            raise ValueError(f"{self.format} with {self.scale} (group {self.group}, {self.update}): unsigned "
+                             "formats take per_group scales, a group of 1 or more, recomputed")
 
-    def declared(self) -> dict[str, str]:
+    def declared(self) -> dict[str, object]:
+        if self.scale == "per_group":
+            return {"format": self.format, "scale": self.scale, "group": self.group,
+                    **({"min_step": self.min_step} if self.min_step else {})}
         return {"format": self.format, "scale": self.scale, "update": self.update}
 
     @property
@@ -45,8 +63,9 @@ class StorageRule:
         return float(ml_dtypes.finfo(_FLOATS[self.format]).max)  # type: ignore[no-untyped-call]
 
     def scale_for(self, rows: np.ndarray) -> np.ndarray:
-        """``amax / largest`` of rows ``[B, KV, T, dh]``, shaped to broadcast (1 where all are zero)."""
-        if self.scale == "none":
+        """``amax / largest`` of rows ``[B, KV, T, dh]``, shaped to broadcast (1 where all are zero); for
+        per_group, 1 (each token's groups have their own, computed as it is rounded)."""
+        if self.scale in ("none", "per_group"):
             return np.ones((1, 1, 1, 1))
         amax = np.abs(rows).max(axis=(0, 1, 2, 3) if self.scale == "per_tensor" else (0, 2), keepdims=True,
                                 initial=0.0)
@@ -54,7 +73,19 @@ class StorageRule:
 
     def round(self, rows: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """What is stored of ``rows`` at ``scale``, read back as float64."""
+        if self.scale == "per_group":
+            return self._round_groups(rows)
         scaled = np.clip(rows / scale, -self.largest, self.largest)
         if self.format in _INTEGERS:
             return np.rint(scaled) * scale  # type: ignore[no-any-return]
         return scaled.astype(_FLOATS[self.format]).astype(np.float64) * scale  # type: ignore[no-any-return]
+
+    def _round_groups(self, rows: np.ndarray) -> np.ndarray:
+        """Affine rounding, each group of ``group`` consecutive features of each token on its own."""
+        levels = _UNSIGNED[self.format]
+        grouped = rows.reshape(*rows.shape[:-1], rows.shape[-1] // self.group, self.group)
+        low = grouped.min(axis=-1, keepdims=True, initial=np.inf)
+        step = np.maximum((grouped.max(axis=-1, keepdims=True, initial=-np.inf) - low) / levels, self.min_step)
+        step = np.where(step > 0, step, 1.0)
+        stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape(rows.shape)
+        return stored

@@ -25,9 +25,10 @@ from .numbers import (
     mpmath_precision,
     numpy_precision,
 )
-from .storage import FLOAT_FORMATS, INTEGER_FORMATS, StorageFormat
+from .storage import AFFINE_FORMATS, FLOAT_FORMATS, INTEGER_FORMATS, StorageFormat
 
 __all__ = [
+    "AFFINE_FORMATS",
     "COMPONENTS",
     "FLOAT64",
     "FLOAT_FORMATS",

@@ -15,7 +15,13 @@ rounding is written once here, in float64 numpy, from the definitions:
   head and feature over batch and positions (``per_channel``), or none
   (``none``, float formats only);
 - it is ``recomputed`` from every row held, or ``frozen`` at the cache's
-  first update after creation or reset (its calibration rows).
+  first update after creation or reset (its calibration rows);
+- an unsigned format (``uint8``, ``uint4``, ``uint3``, ``uint2``) is affine, one
+  scale and zero point for each ``group`` of consecutive features of each
+  token (``per_group``, as HQQ and KIVI store): the group's minimum ``lo`` and
+  step ``s = max((hi - lo) / levels, min_step)`` (``levels = 2**bits - 1``; a
+  group of equal values has step ``min_step``, or 1), stored
+  ``clip(rint((x - lo) / s), 0, levels)``, read back ``lo + q * s``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import numpy as np
 
 FLOAT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn")
 INTEGER_FORMATS = {"int8": 127, "int4": 7}
-SCALES = ("none", "per_tensor", "per_channel")
+AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
+SCALES = ("none", "per_tensor", "per_channel", "per_group")
 UPDATES = ("recomputed", "frozen")
 
 
@@ -42,16 +49,32 @@ class StorageFormat:
     format: str
     scale: str = "none"
     update: str = "recomputed"
+    group: int = 0  # per_group: features a group of each token (a divisor of the head width)
+    min_step: float = 0.0  # per_group: the smallest step a group is stored with (0: none)
 
     def __post_init__(self) -> None:
-        if self.format not in FLOAT_FORMATS and self.format not in INTEGER_FORMATS:
-            raise ValueError(f"storage format must be one of {(*FLOAT_FORMATS, *INTEGER_FORMATS)}, got {self.format!r}")
+        formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS)
+        if self.format not in formats:
+            raise ValueError(f"storage format must be one of {formats}, got {self.format!r}")
         if self.scale not in SCALES:
             raise ValueError(f"storage scale must be one of {SCALES}, got {self.scale!r}")
         if self.update not in UPDATES:
             raise ValueError(f"storage update must be one of {UPDATES}, got {self.update!r}")
-        if self.format in INTEGER_FORMATS and self.scale == "none":
+        if self.format in INTEGER_FORMATS and self.scale not in ("per_tensor", "per_channel"):
             raise ValueError(f"an integer format ({self.format}) needs a scale: per_tensor or per_channel")
+        if (self.format in AFFINE_FORMATS) != (self.scale == "per_group"):
+            raise ValueError(f"per_group scales go with the affine formats {tuple(AFFINE_FORMATS)}, and only with "
+                             f"them; got {self.format} with {self.scale}")
+        if self.scale == "per_group":
+            if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1:
+                raise ValueError(f"per_group needs group, the features a group (an int >= 1), got {self.group!r}")
+            if isinstance(self.min_step, bool) or not isinstance(self.min_step, (int, float)) or not (
+                    0 <= self.min_step < float("inf")):
+                raise ValueError(f"min_step must be a finite number >= 0, got {self.min_step!r}")
+            if self.update != "recomputed":
+                raise ValueError("a per_group scale is each token's own: nothing to freeze")
+        elif self.group or self.min_step:
+            raise ValueError("group and min_step belong to a per_group scale")
         if self.scale == "none" and self.update == "frozen":
             raise ValueError("a frozen update needs a scale to freeze")
 
@@ -60,14 +83,19 @@ class StorageFormat:
         """The largest value the format stores (before the scale)."""
         if self.format in INTEGER_FORMATS:
             return float(INTEGER_FORMATS[self.format])
+        if self.format in AFFINE_FORMATS:
+            return float(AFFINE_FORMATS[self.format])
         return float(ml_dtypes.finfo(_float_format(self.format)).max)  # type: ignore[no-untyped-call]
 
     @property
     def unit(self) -> float:
         """One step of the format relative to the magnitude it stores: the float format's epsilon (one ulp
-        at 1), or for an integer format one quantization step relative to the scale's amax (1 / qmax)."""
+        at 1), or for an integer format one quantization step relative to the scale's amax (1 / qmax); for an
+        affine one, relative to the group's range (1 / levels)."""
         if self.format in INTEGER_FORMATS:
             return 1.0 / INTEGER_FORMATS[self.format]
+        if self.format in AFFINE_FORMATS:
+            return 1.0 / AFFINE_FORMATS[self.format]
         return float(ml_dtypes.finfo(_float_format(self.format)).eps)  # type: ignore[no-untyped-call]
 
     def scale_of(self, rows: np.ndarray) -> np.ndarray:
@@ -81,7 +109,10 @@ class StorageFormat:
 
     def steps(self, rows: np.ndarray, calibration: np.ndarray | None = None) -> np.ndarray:
         """The quantization step at each element of ``rows``: the scale for an integer format; for a float
-        format, the spacing of the format at the element's scaled magnitude, times the scale."""
+        format, the spacing of the format at the element's scaled magnitude, times the scale; for an affine
+        one, its group's step."""
+        if self.scale == "per_group":
+            return np.repeat(self._groups(rows)[1], self.group, axis=-1)
         scale = self._scale(rows, calibration)
         if self.format in INTEGER_FORMATS:
             steps: np.ndarray = np.broadcast_to(scale, rows.shape).copy()
@@ -90,6 +121,16 @@ class StorageFormat:
         magnitude = np.maximum(np.abs(np.clip(rows / scale, -self.largest, self.largest)), float(info.smallest_normal))
         spacing: np.ndarray = float(info.eps) * np.exp2(np.floor(np.log2(magnitude))) * scale
         return spacing
+
+    def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's minimum and step, ``[B, KV, T, dh / group]``: groups of ``group`` consecutive features
+        of each token."""
+        if rows.shape[-1] % self.group:
+            raise ValueError(f"groups of {self.group} features do not divide a head of {rows.shape[-1]}")
+        grouped = rows.reshape(*rows.shape[:-1], -1, self.group)
+        low, high = grouped.min(axis=-1, initial=np.inf), grouped.max(axis=-1, initial=-np.inf)
+        step = np.maximum((high - low) / self.largest, self.min_step)
+        return low, np.where(step > 0, step, 1.0)
 
     def _scale(self, rows: np.ndarray, calibration: np.ndarray | None) -> np.ndarray:
         if self.update == "frozen" and calibration is None:
@@ -101,6 +142,12 @@ class StorageFormat:
 
         ``calibration``: the rows of the first update, for a ``frozen`` scale.
         """
+        if self.scale == "per_group":
+            low, step = self._groups(rows)
+            grouped = rows.reshape(*rows.shape[:-1], -1, self.group)
+            levels = np.clip(np.rint((grouped - low[..., None]) / step[..., None]), 0, self.largest)
+            stored: np.ndarray = (low[..., None] + levels * step[..., None]).reshape(rows.shape)
+            return stored
         scale = self._scale(rows, calibration)
         scaled = np.clip(rows / scale, -self.largest, self.largest)  # saturate, as casts to fp8 should
         if self.format in INTEGER_FORMATS:

@@ -22,7 +22,8 @@ from examples.minimal_adapter import (
     make_float32_transcendentals_adapter,
 )
 from impl.cache import LayerKvCache
-from impl.conformance import KeepsEveryRowAdapter, ReferenceAdapter, WindowUntilFullAdapter
+from impl.conformance import KeepsEveryRowAdapter, QuantizedReferenceAdapter, ReferenceAdapter, WindowUntilFullAdapter
+from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
 from kvcache_conformance.protocol.paged import PagedPolicy
@@ -258,7 +259,14 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "mixed-transcendentals-float32": lambda: Declared("mixed-transcendentals-float32", {"rope_interleaved"},
                                                       make_float32_transcendentals_adapter(),
                                                       mixed_precision={"transcendentals": "float32"}),
+    # affine groups of 32 features (HQQ's smallest usual size): heads of 32 drawn, the group implying the limit
+    "storage-uint4-groups-of-32": lambda: Declared("storage-uint4-groups-of-32", QuantizedReferenceAdapter.capabilities,
+                                                   _affine("uint4", 32), storage=_affine("uint4", 32).storage),
 }
+
+
+def _affine(format: str, group: int) -> QuantizedReferenceAdapter:
+    return QuantizedReferenceAdapter(StorageRule(format, "per_group", group=group))
 
 
 # Each twin makes a design choice of a variant above, but declares the reference's: the machine named must fail
@@ -308,6 +316,9 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "mixed-softmax-float32-undeclared": (
         lambda: Declared("twin-softmax-float32", {"float64", "rope_interleaved"}, make_float32_softmax_adapter(),
                          mixed_precision={}), "layer_cache", {}, ""),
+    "storage-uint4-claims-uint8": (
+        lambda: Declared("twin-uint4-claims-uint8", QuantizedReferenceAdapter.capabilities, _affine("uint4", 8),
+                         storage=_affine("uint8", 8).storage), "layer_cache", {}, ""),
     "mixed-transcendentals-float32-undeclared": (
         lambda: Declared("twin-transcendentals-float32", {"float64", "rope_interleaved"},
                          make_float32_transcendentals_adapter(), mixed_precision={}), "layer_cache", {}, ""),

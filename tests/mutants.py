@@ -358,6 +358,21 @@ MUTANTS = (
              "        return np.maximum(amax / self.largest, np.finfo(np.float32).tiny)"),),
            "a frozen scale calibrated on an all-zero update is float32's smallest normal: later rows read back 0",
            factory="make_fp8_adapter"),
+    Mutant("affine_one_scale_per_token", "storage.py",
+           (("low = grouped.min(axis=-1, keepdims=True, initial=np.inf)",
+             "low = grouped.min(axis=(-2, -1), keepdims=True, initial=np.inf)"),
+            ("step = np.maximum((grouped.max(axis=-1, keepdims=True, initial=-np.inf) - low)",
+             "step = np.maximum((grouped.max(axis=(-2, -1), keepdims=True, initial=-np.inf) - low)")),
+           "declares affine groups of 4 features, but takes one minimum and step over the whole head",
+           factory="make_uint4_group_adapter"),
+    Mutant("affine_groups_strided", "storage.py",
+           (("grouped = rows.reshape(*rows.shape[:-1], rows.shape[-1] // self.group, self.group)\n"
+             "        low =",
+             "grouped = np.swapaxes(rows.reshape(*rows.shape[:-1], self.group, rows.shape[-1] // self.group), -1, -2)\n"
+             "        low ="),
+            (".reshape(rows.shape)\n", ".swapaxes(-1, -2).reshape(rows.shape)\n")),
+           "groups every (dh / g)-th feature together, as a reshape along the wrong axis does, not g in a row",
+           factory="make_uint4_group_adapter"),
     # -- batch-size operations (select, repeat_interleave) --
     Mutant("repeat_interleave_tiles", "cache.py",
            (("self._regather(np.repeat(np.arange(self.batch_size), int(repeats)))",
@@ -554,6 +569,15 @@ def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None,
     return None
 
 
+def recorded_mutant(path: Path) -> str:
+    """The mutant a corpus trace was recorded from: its implementation, ``impl-mutant-NAME`` or
+    ``impl-mutant-NAME[adapter]``."""
+    import json
+
+    implementation = json.loads(path.read_text())["recorded_with"]["implementation"]
+    return str(implementation).removeprefix("impl-mutant-").split("[")[0]
+
+
 def write_corpus(directory: Path, names: list[str] | None = None) -> None:
     """Kill each named mutant (all by default) and keep the trace of its shrunk run in ``directory``."""
     import tempfile
@@ -565,8 +589,9 @@ def write_corpus(directory: Path, names: list[str] | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     builds = Path(tempfile.mkdtemp())
     for mutant in chosen:
-        for old in directory.glob(f"impl-mutant-{mutant.name}-*.json"):
-            old.unlink()
+        for old in directory.glob("impl-mutant-*.json"):  # its earlier traces, whatever the adapter's suffix
+            if recorded_mutant(old) == mutant.name:
+                old.unlink()
         caught = kill(mutant, builds, trace_dir=directory)
         if caught is None:
             raise SystemExit(f"{mutant.name} survived: no trace written")

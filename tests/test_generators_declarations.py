@@ -59,6 +59,28 @@ def test_wider_heads_than_the_documented_range_are_drawn_only_where_the_limits_a
     assert g.head_widths(LayerLimits(min_head_width=9, max_head_width=9)) == []
 
 
+@pytest.mark.parametrize("group, declared_limits, widths", [
+    (4, {}, [4, 8]), (3, {}, [6]), (32, {}, [32]), (64, {}, [64]), (4, {"head_width_multiple": 8}, [8]),
+    (2, {"min_head_width": 6}, [6, 8])])
+def test_affine_groups_draw_only_heads_they_divide(group: int, declared_limits: dict[str, int],
+                                                   widths: list[int]) -> None:
+    class Affine:
+        def __init__(self) -> None:
+            self.storage = {"format": "uint4", "scale": "per_group", "group": group}
+            self.layer_limits = declared_limits
+
+    limits = LayerLimits.of(Affine())
+    assert g.head_widths(limits) == widths
+    assert {dh for _, _, dh, _ in g.geometries(REFERENCE, limits)} == set(widths)
+
+    @FAST
+    @given(config=g.layer_configs(REFERENCE, limits=limits))
+    def drawn(config: g.LayerConfig) -> None:
+        assert config.weights.head_width % group == 0, config
+
+    drawn()
+
+
 @pytest.mark.parametrize("limits", LIMITS[:4], ids=lambda limits: str(limits.described()) or "none")
 @pytest.mark.parametrize("capabilities", CAPABILITIES, ids=lambda c: "+".join(sorted(c))[:40])
 def test_layers_of_other_geometry_stay_within_the_limits_and_the_rotary_width(capabilities: frozenset[str],
@@ -163,7 +185,7 @@ def test_window_caches_are_drawn_with_sinks_only_where_declared() -> None:
     for adapter in (Recording(), Undeclared()):
         result = run_machine("cache_operations", adapter, property_id="generators-sinks",
                              parameters={"windowed": True},
-                             settings=profiles.settings_for("ci", max_examples=30, database=None))
+                             settings=profiles.settings_for("ci", max_examples=100, database=None))
         assert result.failure is None, result.failure
     assert drawn == {True: {0, 1, 2}, False: {0}}
 

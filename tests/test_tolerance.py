@@ -310,3 +310,50 @@ def test_declared_float32_transcendentals_pass_and_float16_ones_fail() -> None:
         result = run_declared(Float16TranscendentalsClaimingFloat32(), "float16 transcendentals")
     assert isinstance(result.failure, NonConformance)
     assert "exceeds tolerance" in str(result.failure) and "exceeds tolerance 1e-12" not in str(result.failure)
+
+
+def test_affine_groups_store_each_token_group_on_its_own_grid() -> None:
+    from impl.storage import StorageRule
+    from kvcache_conformance.oracle import StorageFormat
+
+    rows = np.random.default_rng(7).normal(size=(2, 2, 5, 8)) * np.array([1.0] * 4 + [100.0] * 4)
+    rule = StorageFormat("uint4", "per_group", group=4)
+    stored, steps = rule.stored(rows), rule.steps(rows)
+    grouped = rows.reshape(2, 2, 5, 2, 4)
+    expected_steps = (grouped.max(-1) - grouped.min(-1)) / 15
+    assert np.allclose(steps.reshape(2, 2, 5, 2, 4), expected_steps[..., None])
+    assert np.all(np.abs(stored - rows) <= steps / 2 * (1 + 1e-12))  # nearest level, never past half a step
+    assert np.array_equal(stored.reshape(grouped.shape).min(-1), grouped.min(-1))  # each end is a level
+    assert np.allclose(rule.stored(stored), stored, rtol=0, atol=1e-12)  # re-quantizing keeps it
+    # the first token's first group is a group of its own: a huge value elsewhere does not coarsen it
+    assert np.max(steps[..., :4]) < np.min(steps[..., 4:])
+    assert np.allclose(StorageRule("uint4", "per_group", group=4).round(rows, np.ones(1)), stored, rtol=0,
+                       atol=1e-12)  # the reference stores what the oracle says
+    equal = np.full((1, 1, 1, 4), 3.25)
+    assert np.array_equal(rule.stored(equal), equal)
+    coarse = StorageFormat("uint4", "per_group", group=4, min_step=1e-4)
+    tiny = np.array([0.0, 1e-6, 2e-6, 3e-5]).reshape(1, 1, 1, 4)
+    assert np.array_equal(coarse.stored(tiny), np.array([0.0, 0.0, 0.0, 0.0]).reshape(1, 1, 1, 4))
+    assert np.all(coarse.steps(tiny) == 1e-4)
+
+
+@pytest.mark.parametrize("storage, complaint", [
+    ({"format": "uint4", "scale": "per_group"}, "per_group needs group"),
+    ({"format": "uint4", "scale": "per_group", "group": "4"}, "per_group needs group"),
+    ({"format": "uint4", "scale": "per_group", "group": 0}, "per_group needs group"),
+    ({"format": "uint4", "scale": "per_tensor"}, "per_group scales go with the affine formats"),
+    ({"format": "int4", "scale": "per_group", "group": 4}, "an integer format"),
+    ({"format": "uint4", "scale": "per_group", "group": 4, "update": "frozen"}, "nothing to freeze"),
+    ({"format": "uint4", "scale": "per_group", "group": 4, "min_step": -1.0}, "min_step must be"),
+    ({"format": "int8", "scale": "per_channel", "group": 4}, "belong to a per_group scale"),
+])
+def test_a_malformed_affine_declaration_is_refused_with_its_reason(storage: dict[str, Any], complaint: str) -> None:
+    from kvcache_conformance.protocol.declarations import declared_storage
+
+    class Declaring:
+        pass
+
+    adapter = Declaring()
+    adapter.storage = storage  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=complaint):
+        declared_storage(adapter)

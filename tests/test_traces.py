@@ -19,7 +19,7 @@ from kvcache_conformance.oracle import AttentionWeights, DecoderConfig, RopeConf
 from kvcache_conformance.run import selection
 from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import recording, replay
-from tests.mutants import MUTANTS, build
+from tests.mutants import MUTANTS, build, recorded_mutant
 
 REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"  # the corpus, package data
 CORPUS = sorted(REGRESSIONS.glob("*.json"))
@@ -140,7 +140,7 @@ def test_the_replay_command_exits_by_verdict(capsys: pytest.CaptureFixture[str],
     monkeypatch.setattr(selection, "_oracle", selection._oracle)
     path = next(p for p in CORPUS if trace.load(p)["machine"] == "layer_cache")
     assert replay.main([str(path), "--kv-impl", "impl.conformance:make_adapter"]) == 0
-    mutant = next(m for m in MUTANTS if m.name == trace.load(path)["recorded_with"]["implementation"][12:])
+    mutant = next(m for m in MUTANTS if m.name == recorded_mutant(path))
     spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
     assert replay.main([str(path), "--kv-impl", spec]) == 1
     out = capsys.readouterr().out

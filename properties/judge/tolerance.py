@@ -136,7 +136,9 @@ class Judge:
     def rule(self) -> str:
         if self.storage is not None:
             rule = self.storage
-            return (f"{self.dtype} computation, K/V stored as {rule.format} (scale {rule.scale}, {rule.update}): "
+            scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
+                     if rule.scale == "per_group" else f"scale {rule.scale}, {rule.update}")
+            return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "
                     f"+ {STORAGE_FLOOR_UNITS:g} {rule.format} unit(s) at the expected magnitude"
                     + (f" + {FLOOR_ULPS:g} {self.dtype} ulps" if self.dtype != "float64" else f" + {ABSOLUTE:.0e}")

@@ -13,8 +13,9 @@ loaded, never a verdict.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
@@ -84,6 +85,16 @@ class LayerLimits:
 
     @classmethod
     def of(cls, adapter: Any) -> LayerLimits:
+        """The adapter's limits; declared ``per_group`` storage adds its own: heads a multiple of the group."""
+        limits = cls._given(adapter)
+        storage = declared_storage(adapter)
+        if storage is None or not storage.group:
+            return limits
+        multiple = math.lcm(limits.head_width_multiple or 1, storage.group)
+        return replace(limits, head_width_multiple=multiple) if multiple > 1 else limits
+
+    @classmethod
+    def _given(cls, adapter: Any) -> LayerLimits:
         given = getattr(adapter, "layer_limits", None) or {}
         if isinstance(given, LayerLimits):
             return given
@@ -157,7 +168,8 @@ def declared_precision(adapter: Any) -> tuple[str, dict[str, str]]:
     return dtype, check_precision(dtype, getattr(adapter, "mixed_precision", None) or {})
 
 
-STORAGE_KEYS = ("format", "scale", "update")
+STORAGE_KEYS = ("format", "scale", "update", "group", "min_step")
+_NUMERIC_STORAGE_KEYS = ("group", "min_step")  # numbers as given; the others are names
 
 
 def declared_storage(adapter: Any) -> StorageFormat | None:
@@ -172,7 +184,7 @@ def declared_storage(adapter: Any) -> StorageFormat | None:
         raise ValueError(f"storage must map {', '.join(STORAGE_KEYS)} (format required), e.g. "
                          f"{{'format': 'float8_e4m3fn', 'scale': 'per_tensor', 'update': 'frozen'}}; got {given!r}")
     try:
-        return StorageFormat(**{str(k): str(v) for k, v in given.items()})
+        return StorageFormat(**{str(k): v if k in _NUMERIC_STORAGE_KEYS else str(v) for k, v in given.items()})
     except ValueError as error:
         raise ValueError(f"storage {dict(given)!r}: {error}") from None
 
