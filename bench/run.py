@@ -37,7 +37,7 @@
   rows exact (residual rows).
 - traces: every trace of ``properties/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
-  reference (must conform), seconds per replay (median of 3).
+  reference adapter it mutates (must conform), seconds per replay (median of 3).
 """
 
 from __future__ import annotations
@@ -288,7 +288,6 @@ def bench_mixed(only: str | None = None) -> None:
             example.function_in = styles["argument rounded"]
 
 def bench_traces() -> None:
-    from impl.conformance import ReferenceAdapter
     from kvcache_conformance.run import selection
     from kvcache_conformance.traces import codec as trace
     from kvcache_conformance.traces import replay
@@ -301,11 +300,13 @@ def bench_traces() -> None:
     for path in sorted((ROOT / "properties" / "regressions").glob("*.json")):
         document = trace.load(path)
         name = recorded_mutant(path)
-        mutant = selection.load_adapter(build(next(m for m in MUTANTS if m.name == name), directory))
+        recorded = next(m for m in MUTANTS if m.name == name)
+        mutant = selection.load_adapter(build(recorded, directory))
+        reference = selection.load_adapter(f"impl.conformance:{recorded.factory}")  # the adapter it mutates
         verdicts: dict[str, list[replay.Verdict]] = {"mutant": [], "reference": []}
         for _ in range(3):
             verdicts["mutant"].append(replay.replay(document, mutant, out=lambda line: None))
-            verdicts["reference"].append(replay.replay(document, ReferenceAdapter(), out=lambda line: None))
+            verdicts["reference"].append(replay.replay(document, reference, out=lambda line: None))
         against_mutant, against_reference = verdicts["mutant"][-1], verdicts["reference"][-1]
         same_step = (against_mutant.status, against_mutant.step) == ("diverges", document["failure"]["step"])
         seconds = [statistics.median(v.seconds for v in verdicts[k]) for k in ("mutant", "reference")]
