@@ -262,11 +262,14 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     # affine groups of 32 features (HQQ's smallest usual size): heads of 32 drawn, the group implying the limit
     "storage-uint4-groups-of-32": lambda: Declared("storage-uint4-groups-of-32", QuantizedReferenceAdapter.capabilities,
                                                    _affine("uint4", 32), storage=_affine("uint4", 32).storage),
+    # a coarse guard for near-constant groups (HQQ's is 1e-4; 0.1 shows in every program): declared min_step
+    "storage-uint4-min-step": lambda: Declared("storage-uint4-min-step", QuantizedReferenceAdapter.capabilities,
+                                               _affine("uint4", 4, 0.1), storage=_affine("uint4", 4, 0.1).storage),
 }
 
 
-def _affine(format: str, group: int) -> QuantizedReferenceAdapter:
-    return QuantizedReferenceAdapter(StorageRule(format, "per_group", group=group))
+def _affine(format: str, group: int, min_step: float = 0.0) -> QuantizedReferenceAdapter:
+    return QuantizedReferenceAdapter(StorageRule(format, "per_group", group=group, min_step=min_step))
 
 
 # Each twin makes a design choice of a variant above, but declares the reference's: the machine named must fail
@@ -319,6 +322,9 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "storage-uint4-claims-uint8": (
         lambda: Declared("twin-uint4-claims-uint8", QuantizedReferenceAdapter.capabilities, _affine("uint4", 8),
                          storage=_affine("uint8", 8).storage), "layer_cache", {}, ""),
+    "storage-uint4-min-step-undeclared": (
+        lambda: Declared("twin-min-step-undeclared", QuantizedReferenceAdapter.capabilities, _affine("uint4", 4, 0.1),
+                         storage=_affine("uint4", 4).storage), "layer_cache", {}, ""),
     "mixed-transcendentals-float32-undeclared": (
         lambda: Declared("twin-transcendentals-float32", {"float64", "rope_interleaved"},
                          make_float32_transcendentals_adapter(), mixed_precision={}), "layer_cache", {}, ""),
