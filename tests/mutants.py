@@ -215,7 +215,7 @@ MUTANTS = (
              ""),),
            "no check of the scores: a row whose own score overflows to -inf beside finite ones is committed",
            # a narrow corner: weights that let a score overflow, a row held, then the -inf sign (+inf and a lone
-           # -inf make the output non-finite, which another check catches); caught at example 197 in tox
+           # -inf make the output non-finite, which another check catches); caught at example 148-197 in tox
            examples=300),
     # -- malformed inputs, one check at a time, in the documented order (dtype first) --
     Mutant("float32_silently_cast", "attention.py",
