@@ -291,7 +291,7 @@ def bench_traces() -> None:
     from kvcache_conformance.run import selection
     from kvcache_conformance.traces import codec as trace
     from kvcache_conformance.traces import replay
-    from tests.mutants import MUTANTS, build, recorded_mutant
+    from tests.mutants import build, recorded_mutant
 
     directory = Path(tempfile.mkdtemp())
     print("regression traces: replay against the recording mutant, then the reference (median of 3 each)")
@@ -299,8 +299,7 @@ def bench_traces() -> None:
     rows = []
     for path in sorted((ROOT / "properties" / "regressions").glob("*.json")):
         document = trace.load(path)
-        name = recorded_mutant(path)
-        recorded = next(m for m in MUTANTS if m.name == name)
+        recorded = recorded_mutant(document)
         mutant = selection.load_adapter(build(recorded, directory))
         reference = selection.load_adapter(f"impl.conformance:{recorded.factory}")  # the adapter it mutates
         verdicts: dict[str, list[replay.Verdict]] = {"mutant": [], "reference": []}

@@ -112,7 +112,8 @@ class StorageFormat:
         format, the spacing of the format at the element's scaled magnitude, times the scale; for an affine
         one, its group's step."""
         if self.scale == "per_group":
-            return np.repeat(self._groups(rows)[1], self.group, axis=-1)
+            grouped, _, step = self._groups(rows)
+            return np.broadcast_to(step, grouped.shape).reshape(rows.shape)
         scale = self._scale(rows, calibration)
         if self.format in INTEGER_FORMATS:
             steps: np.ndarray = np.broadcast_to(scale, rows.shape).copy()
@@ -122,15 +123,15 @@ class StorageFormat:
         spacing: np.ndarray = float(info.eps) * np.exp2(np.floor(np.log2(magnitude))) * scale
         return spacing
 
-    def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each group's minimum and step, ``[B, KV, T, dh / group]``: groups of ``group`` consecutive features
-        of each token."""
+    def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows`` in groups of ``group`` consecutive features of each token, ``[B, KV, T, dh / group, group]``,
+        with each group's minimum and step (keeping the last axis, to broadcast against them)."""
         if rows.shape[-1] % self.group:
             raise ValueError(f"groups of {self.group} features do not divide a head of {rows.shape[-1]}")
         grouped = rows.reshape(*rows.shape[:-1], -1, self.group)
-        low, high = grouped.min(axis=-1, initial=np.inf), grouped.max(axis=-1, initial=-np.inf)
-        step = np.maximum((high - low) / self.largest, self.min_step)
-        return low, np.where(step > 0, step, 1.0)
+        low = grouped.min(axis=-1, keepdims=True, initial=np.inf)
+        step = np.maximum((grouped.max(axis=-1, keepdims=True, initial=-np.inf) - low) / self.largest, self.min_step)
+        return grouped, low, np.where(step > 0, step, 1.0)
 
     def _scale(self, rows: np.ndarray, calibration: np.ndarray | None) -> np.ndarray:
         if self.update == "frozen" and calibration is None:
@@ -143,11 +144,9 @@ class StorageFormat:
         ``calibration``: the rows of the first update, for a ``frozen`` scale.
         """
         if self.scale == "per_group":
-            low, step = self._groups(rows)
-            grouped = rows.reshape(*rows.shape[:-1], -1, self.group)
-            levels = np.clip(np.rint((grouped - low[..., None]) / step[..., None]), 0, self.largest)
-            stored: np.ndarray = (low[..., None] + levels * step[..., None]).reshape(rows.shape)
-            return stored
+            grouped, low, step = self._groups(rows)
+            stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, self.largest) * step)
+            return stored.reshape(rows.shape)
         scale = self._scale(rows, calibration)
         scaled = np.clip(rows / scale, -self.largest, self.largest)  # saturate, as casts to fp8 should
         if self.format in INTEGER_FORMATS:

@@ -10,6 +10,7 @@ third-party implementation.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -572,13 +573,19 @@ def kill(mutant: Mutant, directory: Path, trace_dir: Path | None = None,
     return None
 
 
-def recorded_mutant(path: Path) -> str:
-    """The mutant a corpus trace was recorded from: its implementation, ``impl-mutant-NAME`` or
+def recorded_name(document: dict[str, Any]) -> str:
+    """The name of the mutant a corpus trace was recorded from: its implementation is ``impl-mutant-NAME`` or
     ``impl-mutant-NAME[adapter]``."""
-    import json
+    return str(document["recorded_with"]["implementation"]).removeprefix("impl-mutant-").split("[")[0]
 
-    implementation = json.loads(path.read_text())["recorded_with"]["implementation"]
-    return str(implementation).removeprefix("impl-mutant-").split("[")[0]
+
+def recorded_mutant(document: dict[str, Any]) -> Mutant:
+    """The mutant a corpus trace was recorded from."""
+    name = recorded_name(document)
+    found = next((m for m in MUTANTS if m.name == name), None)
+    if found is None:
+        raise KeyError(f"the trace was recorded from {name!r}, which is no mutant of tests/mutants.py")
+    return found
 
 
 def write_corpus(directory: Path, names: list[str] | None = None) -> None:
@@ -593,7 +600,7 @@ def write_corpus(directory: Path, names: list[str] | None = None) -> None:
     builds = Path(tempfile.mkdtemp())
     for mutant in chosen:
         for old in directory.glob("impl-mutant-*.json"):  # its earlier traces, whatever the adapter's suffix
-            if recorded_mutant(old) == mutant.name:
+            if recorded_name(json.loads(old.read_text())) == mutant.name:
                 old.unlink()
         caught = kill(mutant, builds, trace_dir=directory)
         if caught is None:

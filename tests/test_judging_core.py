@@ -17,7 +17,7 @@ from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.run import selection
 from kvcache_conformance.run.report import causes
 from kvcache_conformance.traces import codec, replay
-from tests.mutants import MUTANTS, build
+from tests.mutants import build, recorded_mutant
 
 OLD = sorted((Path(__file__).parent / "old-traces").glob("*.json"))
 
@@ -134,6 +134,5 @@ def test_traces_of_older_formats_replay(path: Path, tmp_path: Path) -> None:
     document = codec.load(path)
     assert document["format_version"] in (1, 2)
     assert replay.replay(document, ReferenceAdapter(), out=lambda line: None).conforms
-    name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-").split("[")[0]
-    mutant = selection.load_adapter(build(next(m for m in MUTANTS if m.name == name), tmp_path))
+    mutant = selection.load_adapter(build(recorded_mutant(document), tmp_path))
     assert replay.replay(document, mutant, out=lambda line: None).status == "diverges"

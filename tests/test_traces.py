@@ -19,7 +19,7 @@ from kvcache_conformance.oracle import AttentionWeights, DecoderConfig, RopeConf
 from kvcache_conformance.run import selection
 from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import recording, replay
-from tests.mutants import MUTANTS, build, recorded_mutant
+from tests.mutants import build, recorded_mutant
 
 REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"  # the corpus, package data
 CORPUS = sorted(REGRESSIONS.glob("*.json"))
@@ -95,9 +95,7 @@ def test_rules_declare_what_they_need_and_disabled_rules_are_never_drawn() -> No
 def test_a_mutant_trace_fails_the_mutant_at_the_recorded_step_and_passes_the_reference(
         path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     document = trace.load(path)
-    name = document["recorded_with"]["implementation"].removeprefix("impl-mutant-").split("[")[0]
-    mutant = next(m for m in MUTANTS if m.name == name)
-    spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
+    spec = build(recorded_mutant(document), tmp_path_factory.getbasetemp() / "mutants")
     against_mutant = replay.replay(document, selection.load_adapter(spec), out=lambda line: None)
     assert (against_mutant.status, against_mutant.step) == ("diverges", document["failure"]["step"])
     if "kind" in document["failure"]:  # format 3 records the failure's kind and check (messages are for people)
@@ -140,7 +138,7 @@ def test_the_replay_command_exits_by_verdict(capsys: pytest.CaptureFixture[str],
     monkeypatch.setattr(selection, "_oracle", selection._oracle)
     path = next(p for p in CORPUS if trace.load(p)["machine"] == "layer_cache")
     assert replay.main([str(path), "--kv-impl", "impl.conformance:make_adapter"]) == 0
-    mutant = next(m for m in MUTANTS if m.name == recorded_mutant(path))
+    mutant = recorded_mutant(trace.load(path))
     spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
     assert replay.main([str(path), "--kv-impl", spec]) == 1
     out = capsys.readouterr().out
