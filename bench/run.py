@@ -38,11 +38,14 @@
 - traces: every trace of ``properties/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference adapter it mutates (must conform), seconds per replay (median of 3).
+- causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
+  plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -506,9 +509,41 @@ def bench_storage() -> None:
             print(f"  {what:6} error / ({FACTOR:g} x naive " + "; ".join(cells) + ")")
 
 
+def bench_causes(runs: int = 3) -> None:
+    """A mutant shaped like a library's cache with three bugs -- two failing one claimed check in two ways (the
+    length moved, the key rows overwritten by a call that raised) and a window chunk mask behind them -- under the
+    plain command (profile dev, random seeds, a fresh example database each run): the causes each run finds."""
+    from tests.mutants import MUTANTS, build
+    from tests.test_causes import BEHIND, PAIR
+
+    chosen = {m.name: m for m in MUTANTS}
+    directory = Path(tempfile.mkdtemp())
+    spec = build(chosen[PAIR[0]], directory / "mutants", chosen[PAIR[1]], chosen[BEHIND])
+    environment = {k: v for k, v in os.environ.items() if k not in ("HYPOTHESIS_PROFILE", "KVCACHE_IMPL")}
+    environment["PYTHONPATH"] = f"{directory / 'mutants'}{os.pathsep}{ROOT}"
+    print(f"{' + '.join((*PAIR, BEHIND))}: pytest -n 0 -k 'test_cache_operations_conform and window', profile dev "
+          f"({runs} runs)")
+    for run in range(runs):
+        report = directory / f"report-{run}.json"
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", f"--kv-impl={spec}",
+                        f"--kv-report={report}", f"--kv-traces={directory / f'traces-{run}'}",
+                        f"--kv-examples={directory / f'examples-{run}'}", "-k",
+                        "test_cache_operations_conform and window", "properties/test_cache_operations.py"],
+                       cwd=ROOT, env=environment, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        entry = next(e for e in json.loads(report.read_text())["properties"] if e["property"].endswith("[window]"))
+        found, search = entry.get("causes", []), entry.get("cause_search", {})
+        print(f"  run {run + 1}: {len(found)} causes in {wall:.0f} s wall; search: {search.get('stopped')}")
+        for cause in found:
+            steps = len(json.loads(Path(cause["trace"]).read_text())["steps"]) - 1 if cause.get("trace") else "-"
+            print(f"    {cause['label'][:70]:70} rule {cause['rule']}; trace of {steps} steps")
+
+
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
-           "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage}
+           "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
+           "causes": bench_causes}
 
 
 def main() -> None:

@@ -263,6 +263,23 @@ MUTANTS = (
              "                cache.commit(rows.keys, rows.values)\n"),),
            "declares no validation, and writes the first rows of a larger batch before raising",
            undeclared=("input_validation",)),
+    # -- two bugs failing one claimed check (batch_mismatch) in two ways, told apart by what they change (#23) --
+    Mutant("batch_mismatch_after_the_length_moves", "attention.py",
+           (("            raise InputBatchMismatch(cache=cache.batch_size, input=x.shape[0])\n",
+             "            if cache.length < cache.capacity:  # the offset moves before a write that then fails\n"
+             "                cache._length += 1\n"
+             "                cache._next_position += 1\n"
+             "            raise InputBatchMismatch(cache=cache.batch_size, input=x.shape[0])\n"),),
+           "advances the length before a write of a wrong batch, which then fails: the length changed"),
+    Mutant("smaller_batch_broadcast_then_raise", "attention.py",
+           (("            raise InputBatchMismatch(cache=cache.batch_size, input=x.shape[0])\n",
+             "            if 0 < x.shape[0] < cache.batch_size and cache.length and x.shape[1] == 1:\n"
+             "                whole = np.ascontiguousarray(np.broadcast_to(x[:1], (cache.batch_size, *x.shape[1:])))\n"
+             "                rows = self.prepare(whole, cache)  # the smaller batch broadcast over every row\n"
+             "                cache._keys[:, :, (cache.length - 1) % cache.slots] = rows.keys[:, :, 0]\n"
+             "                cache._values[:, :, (cache.length - 1) % cache.slots] = rows.values[:, :, 0]\n"
+             "            raise InputBatchMismatch(cache=cache.batch_size, input=x.shape[0])\n"),),
+           "broadcasts a smaller batch over the last row held, then raises: the key and value rows changed"),
     Mutant("read_only_input_rejected", "attention.py",
            (("if not isinstance(x, np.ndarray) or x.dtype != np.float64:",
              "if not isinstance(x, np.ndarray) or x.dtype != np.float64 or not x.flags.writeable:"),),
@@ -341,6 +358,13 @@ MUTANTS = (
            (("(key_positions[None, :] <= positions[:, None] - window)",
              "(key_positions[None, :] < positions[:, None] - window)"),),
            "a query at q sees keys down to q - W (W + 1 keys): the window boundary off by one", "window cache"),
+    Mutant("chunk_window_mask_spares_held_rows", "attention.py",
+           (("        hidden = (key_positions[None, :] > positions[:, None]) | outside\n",
+             "        if rows > 1:  # a chunk's mask that ignores the rows kept before it\n"
+             "            outside[:, :stored] = False\n"
+             "        hidden = (key_positions[None, :] > positions[:, None]) | outside\n"),),
+           "a chunk's rows see every row the window cache held before the chunk, even those out of their window",
+           "window cache"),
     Mutant("window_rows_in_ring_order", "cache.py",
            (("        keys: np.ndarray = self._keys[:, :, self._held_slots()]",
              "        keys: np.ndarray = self._keys[:, :, np.sort(self._held_slots())]"),),

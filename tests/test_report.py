@@ -58,8 +58,8 @@ def test_the_report_says_what_ran_how_and_what_it_found(tmp_path: Path) -> None:
     assert "# Conformance of misbehaving-wrong-dtype" in markdown and "Incomplete" not in markdown
     assert "| `properties/test_session.py::test_decode_session_conforms` | passed |" in markdown
     assert "## Distinct causes" in markdown
-    assert (f"| `properties/test_layer_cache.py::test_layer_cache_conforms` | {layer['rule_failed']} | "
-            "output: wrong dtype | output |") in markdown
+    assert ("| `properties/test_layer_cache.py::test_layer_cache_conforms` | output: wrong dtype (output) | "
+            f"output: wrong dtype | output |  | {layer['rule_failed']}") in markdown
 
 
 def _report(nodeid: str, when: str, outcome: str, longrepr: object = None, **extra: object) -> pytest.TestReport:

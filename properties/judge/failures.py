@@ -4,12 +4,17 @@
 implementation under test, and it always says what kind of failure it is:
 ``kind`` is short and the same for every step (``"output mismatch"``,
 ``"expected full, got success"``), ``check`` names the check that failed
-(the error kind a call was due, or what was compared). The report groups
-failures into causes by these fields, never by the words of a message.
-Anything else escaping a property is a suite bug (``kind_of``).
+(the claimed error kind a call was due, or what was compared), and
+``changed`` what a call that raised changed. A failure's ``Cause`` is made of
+these fields, never of the words of a message: the runner's search for every
+cause and the report tell causes apart by it. Anything else escaping a
+property is a suite bug (``kind_of``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from hypothesis.errors import Flaky
 
@@ -21,17 +26,26 @@ class NonConformance(AssertionError):
 
     raised = 0  # how many were ever made in this process (the runner tells failing runs apart with it)
 
-    def __init__(self, message: str, *, kind: str, check: str | None = None) -> None:
+    def __init__(self, message: str, *, kind: str, check: str | None = None, changed: tuple[str, ...] = ()) -> None:
         if not kind:
             raise TypeError("a NonConformance needs its kind: the report groups causes by it")
         type(self).raised += 1
         super().__init__(message)
-        self.kind, self.check = kind, check
+        self.kind, self.check, self.changed = kind, check, tuple(changed)
+
+
+class SuiteError(Exception):
+    """The suite failed while judging (an oracle or harness exception): a bug of the suite, with the trace of the
+    run that met it -- never a verdict about the implementation. The report gives it an outcome of its own."""
+
+    def __init__(self, message: str, *, cause: BaseException) -> None:
+        super().__init__(message)
+        self.kind = kind_of(cause)
 
 
 def kind_of(error: BaseException) -> str:
     """The failure kind of anything a property raised: a non-conformance's own, else what went wrong in the suite."""
-    if isinstance(error, NonConformance):
+    if isinstance(error, (NonConformance, SuiteError)):
         return error.kind
     if isinstance(error, Flaky):
         return "flaky: the failure did not reproduce"
@@ -40,5 +54,52 @@ def kind_of(error: BaseException) -> str:
     return f"suite error ({type(error).__name__})"  # anything but a NonConformance is a bug of the suite
 
 
+def is_suite_error(error: BaseException) -> bool:
+    """Whether ``error`` is a bug of the suite (not a non-conformance, nor a flaky or misused run)."""
+    return isinstance(error, Exception) and not isinstance(error, (NonConformance, Flaky)) and \
+        type(error).__name__ != "UsageError"
+
+
 def check_of(error: BaseException) -> str | None:
     return error.check if isinstance(error, NonConformance) else None
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What tells two failures apart: their kind, the check that failed, and what a call that raised changed.
+
+    Two bugs failing one check are two causes when they change different things (one advances the length
+    before a write that fails, another writes the rows first); one bug reached through several rules is one.
+    ``changed`` holds the kinds of field only (``block keys``, not ``block 3 keys``): which block a program
+    happened to touch does not make another bug."""
+
+    kind: str
+    check: str | None = None
+    changed: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """What failed, for people: named by what changed where a call that raised changed something, and by
+        the check only where the adapter claims it (an unclaimed check has no name in a verdict)."""
+        if self.changed:
+            what = f"a call that raised changed {_listed(self.changed)}"
+            return f"{what} (claimed check: {self.check})" if self.check else what
+        return f"{self.kind} ({self.check})" if self.check else self.kind
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "check": self.check, "changed": list(self.changed), "label": self.label}
+
+
+def cause_of(error: BaseException) -> Cause:
+    if isinstance(error, NonConformance):
+        return Cause(error.kind, error.check, tuple(dict.fromkeys(field_kind(name) for name in error.changed)))
+    return Cause(kind_of(error))
+
+
+def field_kind(name: str) -> str:
+    """An observed field's name without its indices: ``block 3 keys`` -> ``block keys``."""
+    return " ".join(word for word in name.split() if not word.isdigit())
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

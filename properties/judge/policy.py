@@ -134,22 +134,31 @@ def judge_call(adapter: Any, capabilities: frozenset[str], record: Record, what:
                                  f"({outcome.error}), but the only refusal allowed is {due.may_refuse.value}",
                                  kind=f"expected success or {due.may_refuse.value}, got "
                                       f"{outcome.kind.value if outcome.kind else '?'}", check=due.may_refuse.value)
-    checked = due.kind or due.may_refuse
-    assert checked is not None
-    unchanged(before, observe(), what, check=checked.value)
+    # The claimed check a refusal was judged under names the cause; an unclaimed one does not (the adapter never
+    # said it makes that check): such a cause is named by what the call changed alone.
+    checked = due.may_refuse if expect is Expect.SUCCESS_OR_REFUSAL else due.kind if expect is Expect.REJECTION \
+        else None
+    unchanged(before, observe(), what, check=checked.value if checked is not None else None)
     return Judged(refused=True)
 
 
 def unchanged(before: Observed, after: Observed, what: str, *, kind: str = STATE_CHANGED,
               because: str = "a call that raised must change nothing", check: str | None = None) -> None:
-    """Raise unless everything observed is as before: arrays byte for byte (shape and dtype too), the rest equal."""
+    """Raise unless everything observed is as before: arrays byte for byte (shape and dtype too), the rest equal.
+
+    The failure names every field that changed (``changed``, part of its cause), not only the first."""
     __tracebackhide__ = True
-    for name in dict.fromkeys([*before, *after]):
-        old, new = before.get(name, _ABSENT), after.get(name, _ABSENT)
-        if not _same(old, new):
-            shown = f"{old!r} -> {new!r}" if not isinstance(old, np.ndarray) and not isinstance(new, np.ndarray) \
-                and len(repr(old)) + len(repr(new)) < 160 else "changed"
-            raise NonConformance(f"{what}: {name} {shown}, but {because}", kind=kind, check=check or name)
+    differ = [name for name in dict.fromkeys([*before, *after])
+              if not _same(before.get(name, _ABSENT), after.get(name, _ABSENT))]
+    if differ:
+        shown = "; ".join(_shown(name, before.get(name, _ABSENT), after.get(name, _ABSENT)) for name in differ)
+        raise NonConformance(f"{what}: {shown}, but {because}", kind=kind, check=check, changed=tuple(differ))
+
+
+def _shown(name: str, old: Any, new: Any) -> str:
+    if not isinstance(old, np.ndarray) and not isinstance(new, np.ndarray) and len(repr(old)) + len(repr(new)) < 160:
+        return f"{name} {old!r} -> {new!r}"
+    return f"{name} changed"
 
 
 _ABSENT = object()

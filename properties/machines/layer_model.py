@@ -146,9 +146,11 @@ class LayerOracle:
         stores of it (saturated past the range) -- the key a quantized cache attends over; the query is computed,
         not stored."""
         weights, rope, storage = model.weights, self.config.oracle_rope, self.judge.storage
+        position, dh = len(model.rows), weights.head_width
+        if position >= rope.max_positions:  # the append is due the RoPE range check first: no overflow to offer
+            return False
         calibration = self._calibration(model, rope)
         assert storage is not None and calibration is not None
-        position, dh = len(model.rows), weights.head_width
         x = np.zeros((1, position + 1, row.shape[-1]))
         x[0, -1] = row
         key = storage.stored(full_prefix_attention(x, weights, rope).keys[:, :, -1:], calibration[0])

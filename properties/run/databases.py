@@ -83,15 +83,18 @@ class PropertyDatabase(ExampleDatabase):
 
 
 def database_prefix(implementation: str, property_id: str, parameters: dict[str, Any],
-                    disabled_rules: Iterable[str] = ()) -> bytes:
-    """The key prefix of one property's examples (``PropertyDatabase``)."""
-    identity = json.dumps([implementation, property_id, {k: codec.encode(v) for k, v in parameters.items()},
-                           sorted(disabled_rules)], sort_keys=True)
+                    disabled_rules: Iterable[str] = (), set_aside: Iterable[str] = ()) -> bytes:
+    """The key prefix of one property's examples (``PropertyDatabase``). A search with causes set aside keeps
+    its own (Hypothesis deletes a saved example that no longer fails: there, the example of a cause set aside)."""
+    key: list[Any] = [implementation, property_id, {k: codec.encode(v) for k, v in parameters.items()},
+                      sorted(disabled_rules)]
+    aside = sorted(set_aside)
+    identity = json.dumps([*key, aside] if aside else key, sort_keys=True)
     return b"kvcache-property:" + hashlib.sha256(identity.encode()).hexdigest()[:20].encode() + b":"
 
 
 def property_settings(settings: Settings, *, implementation: str, property_id: str, parameters: dict[str, Any],
-                      disabled_rules: Iterable[str] = ()) -> Settings:
+                      disabled_rules: Iterable[str] = (), set_aside: Iterable[str] = ()) -> Settings:
     """``settings`` with the database narrowed to this property's keys (unchanged without a database).
 
     A ``SuiteDatabase`` narrows its shared part too, by the program length as
@@ -99,7 +102,7 @@ def property_settings(settings: Settings, *, implementation: str, property_id: s
     ``stateful_step_count``."""
     if settings.database is None:
         return settings
-    prefix = database_prefix(implementation, property_id, parameters, disabled_rules)
+    prefix = database_prefix(implementation, property_id, parameters, disabled_rules, set_aside)
     if isinstance(settings.database, SuiteDatabase):
         return Settings(settings, database=settings.database.for_property(prefix, settings.stateful_step_count))
     return Settings(settings, database=PropertyDatabase(settings.database, prefix))

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from ..judge import calls
-from ..judge.failures import check_of, kind_of
+from ..judge.failures import check_of, is_suite_error, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
@@ -67,9 +68,12 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="a call into the implementation that takes longer is a non-conformance naming the step "
                          "(default: %(default)s; 0: no limit)")
     group.addoption("--kv-causes", type=int, default=None, metavar="N",
-                    help=f"after a property fails, search it again with the failing rule left out, up to N distinct "
+                    help=f"after a property fails, search it again with the causes found set aside, up to N distinct "
                          f"causes in all (default {runner.MAX_CAUSES}; 1 under -x / --maxfail: the first failure "
                          "fast)")
+    group.addoption("--kv-cause-seconds", type=float, default=None, metavar="SECONDS",
+                    help=f"no new search for a further cause of a failing property starts after this long "
+                         f"(default {runner.CAUSE_SECONDS:g}); the report says where each search stopped")
     group.addoption("--kv-shrink-seconds", type=float, default=None, metavar="SECONDS",
                     help=f"stop shrinking a failure after this long; its trace is then the shortest failing run "
                          f"found, and says so (default {runner.SHRINK_SECONDS:g}; {FAST_SHRINK_SECONDS:g} under -x / "
@@ -141,6 +145,11 @@ def _activate(config: pytest.Config) -> None:
     if causes is not None and causes < 1:
         raise pytest.UsageError("--kv-causes must be 1 or more")
     runner.MAX_CAUSES = causes if causes is not None else 1 if config.getoption("maxfail", 0) else runner.MAX_CAUSES
+    cause_seconds = config.getoption("--kv-cause-seconds")
+    if cause_seconds is not None and cause_seconds < 0:
+        raise pytest.UsageError("--kv-cause-seconds must be 0 or more")
+    if cause_seconds is not None:
+        runner.CAUSE_SECONDS = cause_seconds
     shrink = config.getoption("--kv-shrink-seconds")
     runner.SHRINK_SECONDS = shrink if shrink is not None else FAST_SHRINK_SECONDS if config.getoption(
         "maxfail", 0) else runner.SHRINK_SECONDS
@@ -156,10 +165,32 @@ def _activate(config: pytest.Config) -> None:
     if config.getoption("maxfail", 0) and not config.getoption("numprocesses", None) and not hasattr(
             config, "workerinput"):
         config.pluginmanager.register(first_failure.FirstFailure(), "kvcache-first-failure")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(CauseSearches(), "kvcache-cause-searches")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),
                                       "kvcache-report")
+
+
+class CauseSearches:
+    """At the end of the run, on the terminal: the failing properties whose search for causes stopped at a bound,
+    and the option that lifts it (the report lists them too)."""
+
+    def __init__(self) -> None:
+        self.bounded: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        search = dict(report.user_properties).get("kv_cause_search")
+        if isinstance(search, dict) and search.get("bound"):
+            self.bounded[report.nodeid] = search
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.bounded:
+            return
+        terminalreporter.section("kvcache: cause searches stopped at a bound")
+        for nodeid, search in self.bounded.items():
+            terminalreporter.write_line(f"{nodeid}: {search['said']}")
 
 
 def _shared_database(config: pytest.Config, adapter: object) -> databases.SharedExamples | None:
@@ -190,6 +221,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             item.user_properties.append(("kv_failure_kind", kind_of(call.excinfo.value)))
             item.user_properties.append(("kv_failure_check", check_of(call.excinfo.value)))
             report.user_properties = list(item.user_properties)
+    if report.when == "call" and call.excinfo is not None and is_suite_error(call.excinfo.value) and not \
+            isinstance(call.excinfo.value, (pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt)):
+        item.user_properties.append(("kv_suite_error", True))  # the report's outcome "suite error"
+        report.user_properties = list(item.user_properties)
     described = getattr(item, "hypothesis_statistics", None)
     if report.when == "call" and described and not any(name == "kv_runs" for name, _ in item.user_properties):
         runs = examples_from_statistics(described)

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from ..judge.failures import Cause
 from ..judge.tolerance import Judge
 from . import selection
 from .identity import canonical
@@ -34,7 +35,8 @@ from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
 REPORT_VERSION = 2  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
-OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "unfinished", "not run")
+# "suite error": the suite failed while judging (judge.failures.SuiteError), no verdict about the implementation
+OUTCOMES = ("passed", "failed", "suite error", "xfailed", "xpassed", "skipped", "unfinished", "not run")
 _FINISHED = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
@@ -99,6 +101,8 @@ class ConformanceReport:
         decided = _decided(report)
         if decided is not None and not (report.when == "teardown" and entry["outcome"] != "passed"):
             entry["outcome"], entry["reason"] = decided
+            if decided[0] == "failed" and entry.get("suite_error"):
+                entry["outcome"] = "suite error"
             if entry["outcome"] == "xfailed" and getattr(report.longrepr, "reprcrash", None) is not None:
                 entry["failure"] = _first_line(report)
 
@@ -154,6 +158,8 @@ class ConformanceReport:
             "known_failures": str(self.known_failures) if self.known_failures else None,
             "summary": {o: sum(1 for e in entries if e["outcome"] == o) for o in OUTCOMES},
             "causes": causes(entries),
+            "suite_errors": suite_errors(entries),
+            "cause_searches_bounded": bounded_searches(entries),
             "traces": sorted({e["trace"] for e in entries if e.get("trace")}),
             "properties": entries,
         }
@@ -188,10 +194,11 @@ def _write(path: Path, text: str) -> None:
 
 
 def causes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Failures grouped into distinct causes: (property without its parameters, rule of the failing step,
-    failure kind, check that failed) -- fields the failures carry, never the words of their messages. Known
-    failures (xfailed) count too, apart: what the baseline hides stays visible."""
-    groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    """Failures grouped into distinct causes: (property without its parameters, rule of the failing step, failure
+    kind, claimed check, what a call that raised changed) -- fields the failures carry (``judge.failures.Cause``),
+    never the words of their messages; the other rules a cause was met in are listed with it. Known failures
+    (xfailed) count too, apart: what the baseline hides stays visible."""
+    groups: dict[tuple[str, str, str, str, tuple[str, ...]], dict[str, Any]] = {}
     for entry in entries:
         if entry["outcome"] not in ("failed", "xfailed"):
             continue
@@ -203,17 +210,40 @@ def causes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # a corpus trace is a cause of its own: its property keeps its parameters (the trace's name)
         function = entry["property"] if entry.get("cause_per_instance") else re.sub(r"\[.*\]$", "", entry["property"])
         for found_cause in found:
-            key = (function, found_cause.get("rule") or "", found_cause["kind"], found_cause.get("check") or "")
-            cause = groups.setdefault(key, {"property": function, "rule": found_cause.get("rule"),
+            if found_cause.get("suite_error"):  # a bug of the suite: listed apart (suite_errors)
+                continue
+            changed = tuple(found_cause.get("changed") or ())
+            label = found_cause.get("label") or Cause(found_cause["kind"], found_cause.get("check"), changed).label
+            key = (function, found_cause.get("rule") or "", found_cause["kind"], found_cause.get("check") or "",
+                   changed)
+            cause = groups.setdefault(key, {"property": function, "rule": found_cause.get("rule"), "rules": [],
                                             "kind": found_cause["kind"], "check": found_cause.get("check"),
+                                            "changed": list(changed), "label": label,
                                             "failed": 0, "known": 0, "instances": [], "traces": [],
                                             "example": found_cause.get("message") or message.split("\n")[0]})
             cause["failed" if entry["outcome"] == "failed" else "known"] += 1
             cause["instances"].append(entry["property"])
+            for rule in [found_cause.get("rule"), *found_cause.get("also_in", ())]:
+                if rule and rule not in cause["rules"]:
+                    cause["rules"].append(rule)
             if found_cause.get("trace"):
                 cause["traces"].append(found_cause["trace"])
     return sorted(groups.values(), key=lambda c: (-c["failed"], c["property"], c["rule"] or "", c["kind"],
-                                                  c["check"] or ""))
+                                                  c["check"] or "", c["changed"]))
+
+
+def suite_errors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every suite error met, with its property and trace: bugs of the suite, never counted as the
+    implementation's failures."""
+    return [{"property": e["property"], "kind": cause["kind"], "message": cause.get("message"),
+             "trace": cause.get("trace")}
+            for e in entries for cause in e.get("causes") or () if cause.get("suite_error")]
+
+
+def bounded_searches(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failing properties whose search for causes stopped at a bound (more causes may be behind)."""
+    return [{"property": e["property"], **e["cause_search"]} for e in entries
+            if e.get("cause_search", {}).get("bound")]
 
 
 def examples_from_statistics(described: str) -> int | None:
@@ -257,12 +287,31 @@ def markdown(document: dict[str, Any]) -> str:
     ]
     if document["causes"]:
         lines += ["## Distinct causes", "",
-                  "| property | rule of the failing step | failure kind | check | failed | known | first trace |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| property | what failed | failure kind | claimed check | what changed "
+                  "| rule of the failing step (also in) | failed | known | first trace |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for cause in document["causes"]:
             first = f"`{cause['traces'][0]}`" if cause["traces"] else ""
-            lines.append(f"| `{cause['property']}` | {_cell(cause['rule'] or '')} | {_cell(cause['kind'])} | "
-                         f"{_cell(cause.get('check') or '')} | {cause['failed']} | {cause['known']} | {first} |")
+            rules = cause.get("rules") or ([cause["rule"]] if cause.get("rule") else [])
+            lines.append(f"| `{cause['property']}` | {_cell(cause.get('label') or cause['kind'])} | "
+                         f"{_cell(cause['kind'])} | {_cell(cause.get('check') or '')} | "
+                         f"{_cell(', '.join(cause.get('changed') or ()))} | {_cell(', '.join(rules))} | "
+                         f"{cause['failed']} | {cause['known']} | {first} |")
+        lines.append("")
+    if document.get("suite_errors"):
+        lines += ["## Suite errors", "",
+                  "The suite itself failed while judging: bugs of the suite, not verdicts about the implementation "
+                  "(please report them with the trace).", "",
+                  "| property | error | trace |", "|---|---|---|"]
+        lines += [f"| `{e['property']}` | {_cell(e['kind'])}: {_cell(e['message'])} | "
+                  f"{'`' + e['trace'] + '`' if e['trace'] else ''} |" for e in document["suite_errors"]]
+        lines.append("")
+    if document.get("cause_searches_bounded"):
+        lines += ["## Cause searches stopped at a bound", "",
+                  "More causes may be behind the ones found: run again with the option named to look further.", "",
+                  "| property | causes found | stopped at | seconds | lift it with |", "|---|---|---|---|---|"]
+        lines += [f"| `{s['property']}` | {s['causes']} | {s['stopped']} | {s['seconds']} | `{s['lift']}` |"
+                  for s in document["cause_searches_bounded"]]
         lines.append("")
     lines += ["## Properties", "",
               "| property | result | runs | worst error / tolerance | trace or reason |",

@@ -9,6 +9,7 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import Phase, reporting
+from hypothesis import HealthCheck, Phase, reporting
 from hypothesis import settings as Settings
+from hypothesis.errors import Unsatisfiable
 from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import run_state_machine_as_test
 
 from ..generate.needs import Needs
 from ..judge.calls import AdapterHung
-from ..judge.failures import NonConformance, check_of, kind_of
+from ..judge.failures import Cause, NonConformance, SuiteError, cause_of, check_of, is_suite_error, kind_of
 from ..judge.tolerance import closer_to_failing
 from ..machines import MACHINES
 from ..oracle import FLOAT64, NumberSystem
@@ -38,7 +40,7 @@ from .provenance import environment_facts, implementation_facts
 
 SHRINK_SECONDS = 30.0  # after the first failure of a run; the plugin sets --kv-shrink-seconds
 MAX_CAUSES = 4  # distinct causes a failing property is searched for (the plugin sets --kv-causes)
-CAUSE_SECONDS = 120.0  # searching for the causes after the first stops once this is spent
+CAUSE_SECONDS = 300.0  # no new search for a further cause starts once this is spent (--kv-cause-seconds)
 
 
 @contextmanager
@@ -76,17 +78,19 @@ class RunResult:
     trace: Path | None = None
     families: Counter[str] = field(default_factory=Counter)  # runs per layer family drawn (layer machines)
     shrinking_stopped: bool = False  # the shrink budget ran out: the trace is the shortest failing run found
+    met_again: Counter[tuple[Cause, str]] = field(default_factory=Counter)  # examples discarded: (cause, rule)
 
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
                 requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
                 settings: Settings | None = None, spec: str | None = None,
                 disabled_rules: frozenset[str] = frozenset(), shrink_seconds: float | None = None,
-                saves_as_secondary: bool = False) -> RunResult:
+                saves_as_secondary: bool = False, set_aside: frozenset[Cause] = frozenset()) -> RunResult:
     """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
 
     ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
-    diverged cannot go on judging). Shrinking stops ``shrink_seconds`` after the first failure (default
+    diverged cannot go on judging); an example failing with a cause in ``set_aside`` (found already) is
+    discarded, and the search goes on. Shrinking stops ``shrink_seconds`` after the first failure (default
     ``SHRINK_SECONDS``), with the shortest failing run found as the verdict. ``saves_as_secondary``: for a run
     that does not shrink, so that the next run shrinks what it saved (``databases.SecondaryOnly``)."""
     shrink_seconds = SHRINK_SECONDS if shrink_seconds is None else shrink_seconds
@@ -107,8 +111,10 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         result.runs += 1
         if last:
             _keep_worst(result, last[0])
+            result.met_again.update(last[0].met_again)
         last[:] = [cls(adapter, numbers=numbers, **parameters)]  # type: ignore[call-arg]
         last[0].disabled_rules = disabled_rules
+        last[0].set_aside = set_aside
         last[0].targeting = targeting  # type: ignore[attr-defined]
         return last[0]
 
@@ -119,7 +125,10 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     # the failing step, failure kind), and the next bug behind a known one is found by leaving its rule
     # out (--kv-xfails PROPERTY :: RULE, which reaches here as disabled_rules).
     chosen = property_settings(settings or Settings(report_multiple_bugs=False), implementation=str(adapter.name),
-                               property_id=property_id, parameters=parameters, disabled_rules=disabled_rules)
+                               property_id=property_id, parameters=parameters, disabled_rules=disabled_rules,
+                               set_aside=[json.dumps(cause.to_json(), sort_keys=True) for cause in set_aside])
+    if set_aside:  # most examples may meet a cause already found: discarding them is the point
+        chosen = Settings(chosen, suppress_health_check=[*chosen.suppress_health_check, HealthCheck.filter_too_much])
     if saves_as_secondary and chosen.database is not None:
         chosen = Settings(chosen, database=SecondaryOnly(chosen.database))
     targeting = Phase.target in chosen.phases  # hill-climbing reads the machines' target(); elsewhere it only costs
@@ -136,6 +145,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
                           "trace is the shortest failing run found by then)", *error.args[1:])
     if last:
         _keep_worst(result, last[0])
+        result.met_again.update(last[0].met_again)
         result.rule = last[0].judge.rule  # type: ignore[attr-defined]
     if result.failure is not None and last and last[0].tape.steps:
         tape = last[0].tape
@@ -171,7 +181,7 @@ def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_
         "recorded_with": {
             **implementation_facts(adapter, spec), "oracle": numbers.name, "rule": result.rule, **environment_facts()},
         "failure": {"step": result.failing_step, "rule": tape.steps[-1].rule, "kind": kind_of(result.failure),
-                    "check": check_of(result.failure),
+                    "check": check_of(result.failure), "changed": list(cause_of(result.failure).changed),
                     "message": str(result.failure).split("\n\ncounterexample trace:")[0]},
         "steps": [step.to_json() for step in tape.steps],
     }
@@ -232,7 +242,10 @@ class PropertyRun:
         result = self._search(machine, self.property_id, searched, left_out)
         causes = self._causes(machine, searched, left_out, result, hunt=MAX_CAUSES)
         if causes:
-            raise causes[0][1]
+            verdicts = [failure for _, failure in causes if not is_suite_error(failure)]
+            if verdicts:  # the implementation's failure; a suite error met while searching is listed apart
+                raise verdicts[0]
+            raise suite_error(causes[0][1], causes[0][0]["trace"])
         return result
 
     def plan(self, machine: str, parameters: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
@@ -257,31 +270,54 @@ class PropertyRun:
         return parameters, frozenset(left_out)
 
     def _causes(self, machine: str, parameters: dict[str, Any], left_out: frozenset[str], first: RunResult, *,
-                hunt: int = 1) -> list[tuple[dict[str, Any], BaseException]]:
-        """Every cause in one run: after a failure, search again with its rule left out (as ``--kv-xfails
-        PROPERTY :: RULE`` would), until ``hunt`` causes are found, the machine passes, or ``CAUSE_SECONDS``
-        are spent. Causes are told apart by the check that failed (the error kind a call was due, or what was
-        compared): the same check failing through another rule is the same cause, seen there too. Each cause
-        keeps its own shrunk trace; the first is the property's failure, the others are listed with it."""
-        found: dict[str, tuple[dict[str, Any], BaseException]] = {}
+                hunt: int | None = None) -> list[tuple[dict[str, Any], BaseException]]:
+        """Every cause in one run: after a failure, search again with the causes found so far set aside (an
+        example that meets one is discarded, in whatever rule), until ``hunt`` causes are found, a search
+        finds no other, or ``CAUSE_SECONDS`` are spent. Causes are told apart by ``Cause`` (kind, claimed check,
+        what a raising call changed), never by rule: one cause reached through several rules is one, seen there
+        too. Where every example meets a cause already found, its rules are left out instead (as ``--kv-xfails
+        PROPERTY :: RULE`` would). Each cause keeps its own shrunk trace; the first is the property's failure,
+        the others are listed with it; where the search stopped is recorded (``cause_search``). ``hunt`` None:
+        the first cause only, not searched past (a replayed saved example)."""
+        found: dict[Cause, tuple[dict[str, Any], BaseException]] = {}
         setup = recording.initializers_of(MACHINES[machine])
         started, result = time.monotonic(), first
-        while result.failure is not None:
-            rule, check = failing_rule(result), check_of(result.failure)
-            key = check or kind_of(result.failure)
-            if key in found:
-                found[key][0]["also_in"].append(rule)
-            else:
-                found[key] = ({"rule": rule, "kind": kind_of(result.failure), "check": check,
-                               "trace": str(result.trace) if result.trace else None,
-                               "message": str(result.failure).split("\n")[0], "runs": result.runs,
-                               "shrinking_stopped": result.shrinking_stopped, "rules_left_out": sorted(left_out),
-                               "also_in": []}, result.failure)
-            if (not isinstance(result.failure, NonConformance) or rule is None or rule in setup
-                    or len(found) >= hunt or time.monotonic() - started > CAUSE_SECONDS):
+        stopped = "passed"  # why the search ended: the last search found nothing new
+        while True:
+            _note_met_again(found, result)
+            if isinstance(result.failure, Unsatisfiable):  # every example met a cause already found
+                rules = {cause["rule"] for cause, _ in found.values()} - setup - {None} - left_out
+                if not rules:
+                    stopped = "every example met a cause already found"
+                    break
+                left_out |= rules
+                result = self._search(machine, self.property_id, parameters, left_out, set_aside=frozenset(found))
+                continue
+            if result.failure is None:
                 break
-            left_out |= {rule}
-            result = self._search(machine, self.property_id, parameters, left_out)
+            rule, cause = failing_rule(result), cause_of(result.failure)
+            if cause in found:  # (a search with a cause's rule left out can still meet it elsewhere)
+                found[cause][0]["also_in"].append(rule)
+                stopped = "a search met only a cause already found"
+                break
+            found[cause] = ({"rule": rule, **cause.to_json(), "suite_error": is_suite_error(result.failure),
+                             "trace": str(result.trace) if result.trace else None,
+                             "message": str(result.failure).split("\n")[0], "runs": result.runs,
+                             "shrinking_stopped": result.shrinking_stopped, "rules_left_out": sorted(left_out),
+                             "also_in": []}, result.failure)
+            if not isinstance(result.failure, NonConformance):
+                stopped = "a suite error"
+                break
+            if rule in setup:  # every example runs its set-up: nothing behind this cause can be reached
+                stopped = "a set-up rule failed"
+                break
+            if hunt is None or len(found) >= hunt:
+                stopped = "cause bound"
+                break
+            if time.monotonic() - started > CAUSE_SECONDS:
+                stopped = "time bound"
+                break
+            result = self._search(machine, self.property_id, parameters, left_out, set_aside=frozenset(found))
         causes = list(found.values())
         if causes:
             first_cause, failure = causes[0]
@@ -292,18 +328,22 @@ class PropertyRun:
             if first_cause["trace"] is not None:
                 self.record("trace", first_cause["trace"])
             self.record("causes", [cause for cause, _ in causes])
-            if len(causes) > 1 and isinstance(failure, NonConformance) and failure.args:
-                others = "\n".join(f"  - {c['rule']}: {c['kind']} ({c['check']}): {c['message']}"
+            search = cause_search(stopped, len(causes), hunt, time.monotonic() - started) if hunt else None
+            if search is not None:
+                self.record("cause_search", search)
+            if isinstance(failure, NonConformance) and failure.args and search is not None:
+                others = "\n".join(f"  - {c['rule']}: {c['label']}: {c['message']}"
                                    + (f" [{c['trace']}]" if c["trace"] else "") for c, _ in causes[1:])
-                failure.args = (f"{failure.args[0]}\n\n{len(causes) - 1} more cause(s), each found with the rules "
-                                f"before it left out:\n{others}", *failure.args[1:])
+                more = (f"\n\n{len(causes) - 1} more cause(s), each found with the causes before it set aside:\n"
+                        f"{others}") if len(causes) > 1 else ""
+                failure.args = (f"{failure.args[0]}{more}\n{search['said']}", *failure.args[1:])
         return causes
 
     def _search(self, machine: str, property_id: str, parameters: dict[str, Any], left_out: frozenset[str],
-                settings: Settings | None = None) -> RunResult:
+                settings: Settings | None = None, set_aside: frozenset[Cause] = frozenset()) -> RunResult:
         result = run_machine(machine, self.adapter, property_id=property_id, parameters=parameters,
                              requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
-                             spec=self.spec, disabled_rules=left_out, settings=settings)
+                             spec=self.spec, disabled_rules=left_out, settings=settings, set_aside=set_aside)
         self.record("runs", result.runs + dict(self.node.user_properties).get("kv_runs", 0))
         if result.families:
             self.record("families", dict(sorted(result.families.items())))
@@ -338,6 +378,36 @@ class PropertyRun:
             raise result.failure
         self.record(f"known_{suffix}", {"reason": entry.describe(), "failure_kind": kind_of(result.failure),
                                         "trace": str(result.trace) if result.trace else None})
+
+
+def suite_error(error: BaseException, trace: str | None) -> SuiteError:
+    """A bug of the suite met while judging, as the property's error: what it was, and the trace of the run."""
+    where = f"; the run that met it: {trace} (replay it to see the steps)" if trace else ""
+    failure = SuiteError(f"SUITE ERROR, not a verdict about the implementation: {type(error).__name__}: {error}"
+                         f"{where}. Please report it to the suite's maintainers with the trace.", cause=error)
+    failure.__cause__ = error
+    return failure
+
+
+def cause_search(stopped: str, causes: int, hunt: int, seconds: float) -> dict[str, Any]:
+    """Where a property's search for causes stopped, and the option that lifts a bound (report and terminal)."""
+    lift = {"cause bound": f"--kv-causes {hunt + 4}", "time bound": f"--kv-cause-seconds {2 * CAUSE_SECONDS:g}"}
+    told = {"passed": "no further cause: the last search, with every cause found set aside, passed",
+            "cause bound": f"stopped at the cause bound ({hunt}, --kv-causes): more may be behind them",
+            "time bound": f"stopped at the time bound ({CAUSE_SECONDS:g} s, --kv-cause-seconds): more may be "
+                          "behind them",
+            }.get(stopped, f"stopped: {stopped}")
+    bound = stopped in lift
+    return {"stopped": stopped, "bound": bound, "causes": causes, "seconds": round(seconds, 1),
+            "lift": lift.get(stopped), "said": f"cause search: {causes} cause(s); {told}"
+            + (f" (lift it: {lift[stopped]})" if bound else "")}
+
+
+def _note_met_again(found: dict[Cause, tuple[dict[str, Any], BaseException]], result: RunResult) -> None:
+    """A cause set aside that a search met again, in a rule: seen there too."""
+    for (cause, rule), _ in result.met_again.items():
+        if cause in found and rule not in found[cause][0]["also_in"] and rule != found[cause][0]["rule"]:
+            found[cause][0]["also_in"].append(rule)
 
 
 def failing_rule(result: RunResult) -> str | None:

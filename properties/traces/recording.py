@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from hypothesis import stateful
+from hypothesis import reject, stateful
 from hypothesis import strategies as st
 
 from ..generate.layers import limits_problem, requirements_of
 from ..generate.layouts import same_layout_copy
+from ..judge.failures import Cause, NonConformance, cause_of
 from ..protocol.declarations import LayerLimits
 from .codec import TraceError, decode, encode
 
@@ -195,7 +196,24 @@ def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
             arguments["data"] = machine.tape.data(arguments.get("data"))
         return function(machine, **arguments)
 
-    return run
+    return _setting_aside(run)
+
+
+def _setting_aside(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` discarding the example (Hypothesis's ``reject``) when it fails with a cause the machine was
+    told to set aside: the search for the next cause goes on past the ones already found, in every rule."""
+    @functools.wraps(function)
+    def checked(machine: TracedMachine, **arguments: Any) -> Any:
+        try:
+            return function(machine, **arguments)
+        except NonConformance as error:
+            if machine.set_aside and cause_of(error) in machine.set_aside:
+                machine.met_again.append((cause_of(error), machine.tape.steps[-1].rule if machine.tape.steps
+                                          else function.__name__))
+                reject()
+            raise
+
+    return checked
 
 
 def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = None,
@@ -228,8 +246,9 @@ def initialize(**strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., 
 def invariant() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A check after every rule (and after replayed steps)."""
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(function, _SPEC, RuleSpec(function.__name__, "invariant"))
-        return stateful.invariant()(function)
+        checked = _setting_aside(function)
+        setattr(checked, _SPEC, RuleSpec(function.__name__, "invariant"))
+        return stateful.invariant()(checked)
 
     return decorate
 
@@ -238,15 +257,17 @@ class TracedMachine(stateful.RuleBasedStateMachine):
     """A state machine whose rules are all declared with this module's ``rule`` and ``initialize``.
 
     Subclasses set ``self.capabilities``; ``disabled_rules`` (set by the runner,
-    from a known-failures file) are never drawn.
+    from a known-failures file) are never drawn; an example failing with a cause in ``set_aside`` is discarded.
     """
 
     capabilities: frozenset[str] = frozenset()
     disabled_rules: frozenset[str] = frozenset()
+    set_aside: frozenset[Cause] = frozenset()  # causes already found (set by the runner's search for the next)
 
     def __init__(self) -> None:
         super().__init__()
         self.tape: Tape = Tape()
+        self.met_again: list[tuple[Cause, str]] = []  # (cause set aside, rule) of each example discarded
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
