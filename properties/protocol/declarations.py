@@ -20,7 +20,7 @@ from typing import Any
 
 from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
 from .kinds import LAYER_CONVENTIONS, Capability, declared
-from .model import MODEL_METHODS, SEQUENCE_OPERATIONS
+from .model import MODEL_METHODS, SEQUENCE_OPERATIONS, ModelLimits, ModelPolicy, declared_kv_storage
 
 # The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
 METHODS_OF = {
@@ -231,4 +231,14 @@ def declaration_problems(adapter: Any) -> list[str]:
         LayerLimits.of(adapter)
     except TypeError as error:
         problems.append(str(error))
+    operations = sorted(capabilities & set(SEQUENCE_OPERATIONS))
+    if Capability.WHOLE_MODEL.value not in capabilities:
+        if operations:
+            problems.append(f"declares {', '.join(operations)} without whole_model, the contexts they work on")
+        return problems
+    for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage):
+        try:
+            read(adapter)
+        except (TypeError, ValueError) as error:
+            problems.append(str(error))
     return problems
