@@ -387,3 +387,20 @@ def test_bad_configurations_are_oracle_input_errors() -> None:
         ContextConfig(cells=1, max_sequences=2, unified=False)
     with pytest.raises(OracleInputError):
         ModelBatch((1, 2), (0,), (0, 0), (True, True))
+
+
+def test_float64_and_mpmath_agree_through_the_operations() -> None:
+    """The cell model in both number systems: decode, copy, shift, divide, remove, save and load, decode."""
+    config = MODEL_PRESETS["tiny-half-split"]
+    results = []
+    for numbers in (FLOAT64, mpmath_precision(40)):
+        ctx = context(config, seed=9, numbers=numbers)
+        logits = [decode(ctx, 0, TOKENS[:6])]
+        ctx.copy(0, 1, 1, 5)
+        ctx.shift(1, 3, -1, 4)
+        ctx.divide(0, 2, -1, 2)
+        ctx.remove(0, 0, 1)
+        ctx.load(2, ctx.save(1))
+        logits += [decode(ctx, seq, [7, 8]) for seq in (0, 1, 2)]
+        results.append(np.vstack(logits))
+    np.testing.assert_allclose(results[0], results[1], rtol=0, atol=1e-12)
