@@ -227,19 +227,15 @@ class CellContext:
         model, numbers = self.model, self.model.numbers
         count = len(batch.tokens)
         hidden = [list(model.embedding[t]) for t in batch.tokens]  # [n][D]
-        new_keys: list[list[Vector]] = [[] for _ in range(count)]  # per token, per layer
-        new_values: list[list[Vector]] = [[] for _ in range(count)]
         cells = [Cell(batch.positions[i], batch.tokens[i], (), (), {batch.sequences[i]}) for i in range(count)]
         for layer in range(model.config.layers):
-            queries = []
-            for i in range(count):
+            queries = []  # [n][H*dh], unrotated
+            for i in range(count):  # every new cell gains this layer's key and value first
                 query, key, value = model.project_kv(layer, hidden[i])
                 queries.append(query)
-                new_keys[i].append(key)
-                new_values[i].append(value)
-                cells[i].keys, cells[i].values = tuple(new_keys[i]), tuple(new_values[i])
+                cells[i].keys, cells[i].values = (*cells[i].keys, key), (*cells[i].values, value)
             for i in range(count):
-                seen = self._seen(batch.sequences[i], batch.positions[i], layer, cells)
+                seen = self._seen(batch.sequences[i], batch.positions[i], cells)
                 attention = model.attend(layer, queries[i], batch.positions[i], seen)
                 hidden[i] = [h + a for h, a in zip(hidden[i], attention)]
             hidden = [model.feed_forward(layer, h) for h in hidden]
@@ -249,10 +245,11 @@ class CellContext:
         rounded = [[numbers.to_float(v) for v in row] for row in wanted]
         return np.array(rounded, dtype=np.float64).reshape(len(wanted), model.config.vocab)
 
-    def _seen(self, seq: int, position: int, layer: int, batch_cells: list[Cell]) -> list[Cell]:
-        """The cells a query of ``seq`` at ``position`` attends at ``layer``: held ones, then the batch's."""
+    def _seen(self, seq: int, position: int, batch_cells: list[Cell]) -> list[Cell]:
+        """The cells a query of ``seq`` at ``position`` attends: held ones, then the batch's (whose keys and
+        values of the current layer are in by then)."""
         window = self.model.config.window
-        candidates = [*self.cells_of(seq), *(c for c in batch_cells if seq in c.sequences and len(c.keys) > layer)]
+        candidates = [*self.cells_of(seq), *(c for c in batch_cells if seq in c.sequences)]
         return [c for c in candidates
                 if c.position <= position and (window is None or position - c.position < window)]
 
