@@ -60,10 +60,17 @@ class ModelShape:
             raise InvalidModelConfig(f"the configuration lacks {error.name!r}") from None
 
 
-class LlamaModel:
-    """The weights (copied, float64) and the vectorised pieces of the forward."""
+DTYPES = ("float64", "float32", "float16")
 
-    def __init__(self, config: Any, weights: Any) -> None:
+
+class LlamaModel:
+    """The weights (copied into ``dtype``, float64 by default) and the vectorised pieces of the forward, every
+    operation in that dtype (as an engine computing in float32 does)."""
+
+    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64") -> None:
+        if dtype not in DTYPES:
+            raise InvalidModelConfig(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        self.dtype = np.dtype(dtype)
         shape = self.shape = ModelShape.of(config)
         if shape.heads % shape.kv_heads or shape.head_width % 2:
             raise InvalidModelConfig("heads must be a multiple of kv heads and the head width even")
@@ -84,17 +91,16 @@ class LlamaModel:
         self.rope = RopeConfig(shape.rope_style, float(shape.rope_base), dh, shape.max_positions)
         self.inverse_frequency = float(shape.rope_base) ** (-np.arange(0, dh, 2, dtype=np.float64) / dh)  # [dh/2]
 
-    @staticmethod
-    def _array(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    def _array(self, value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
         array = np.array(value, dtype=np.float64)
         if array.shape != shape or not np.all(np.isfinite(array)):
             raise InvalidModelConfig(f"{name} must be finite of shape {shape}, got {array.shape}")
-        return array
+        return array.astype(self.dtype)
 
     def rotate(self, x: np.ndarray, turns: np.ndarray) -> np.ndarray:
         """Rotate ``x [n, heads, dh]`` by ``turns [n]`` positions (a position, or a change of one)."""
         theta = np.multiply.outer(np.asarray(turns, dtype=np.float64), self.inverse_frequency)[:, None, :]
-        return self.rope.rotate_with(x, (np.cos(theta), np.sin(theta)))
+        return self.rope.rotate_with(x, (np.cos(theta).astype(self.dtype), np.sin(theta).astype(self.dtype)))
 
     def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]``."""
@@ -112,7 +118,7 @@ class LlamaModel:
         s = self.shape
         group = s.heads // s.kv_heads
         keys_h, values_h = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)  # [M, H, dh]
-        scores = np.einsum("mhd,jhd->mhj", q, keys_h) / math.sqrt(s.head_width)
+        scores = np.einsum("mhd,jhd->mhj", q, keys_h) / self.dtype.type(math.sqrt(s.head_width))
         scores = np.where(visible[:, None, :], scores, -np.inf)
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         weights /= weights.sum(axis=-1, keepdims=True)
@@ -124,7 +130,7 @@ class LlamaModel:
         w = self.layers[layer]
         x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps)
         gate = x @ w["w_gate"].T
-        out: np.ndarray = hidden + (gate / (1.0 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
+        out: np.ndarray = hidden + (gate / (1 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
         return out
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
@@ -143,10 +149,13 @@ class SequenceState:
 
 
 class ModelContext:
-    """A context of ``cells`` cells for sequences ``0 .. max_sequences-1`` of one ``LlamaModel``."""
+    """A context of ``cells`` cells for sequences ``0 .. max_sequences-1`` of one ``LlamaModel``; its keys and
+    values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's."""
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
-                 shared_copies: bool = True, copy_into_nonempty: str = "merge") -> None:
+                 shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None) -> None:
+        if kv_dtype is not None and kv_dtype not in DTYPES:
+            raise InvalidModelConfig(f"kv_dtype must be one of {DTYPES}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
                 not unified and cells < max_sequences):
             raise InvalidModelConfig(f"cells {cells!r} and max_sequences {max_sequences!r} must be ints >= 1 "
@@ -158,7 +167,8 @@ class ModelContext:
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
-        self.keys = np.zeros((streams, s.layers, self.capacity, s.kv_heads, s.head_width))  # rotated
+        self.kv_dtype = model.dtype if kv_dtype is None else np.dtype(kv_dtype)
+        self.keys = np.zeros((streams, s.layers, self.capacity, s.kv_heads, s.head_width), dtype=self.kv_dtype)
         self.values = np.zeros_like(self.keys)
         self.positions = np.full((streams, self.capacity), -1, dtype=np.int64)
         self.tokens = np.full((streams, self.capacity), -1, dtype=np.int64)
@@ -196,15 +206,16 @@ class ModelContext:
             slots[mine] = free[:len(mine)]
         model, s = self.model, self.model.shape
         hidden = model.embedding[tokens]  # [n, D]
-        new_keys = np.empty((s.layers, len(tokens), s.kv_heads, s.head_width))
+        new_keys = np.empty((s.layers, len(tokens), s.kv_heads, s.head_width), dtype=self.kv_dtype)
         new_values = np.empty_like(new_keys)
         for layer in range(s.layers):
-            q, new_keys[layer], new_values[layer] = model.qkv(layer, hidden, positions)
+            q, k, v = model.qkv(layer, hidden, positions)
+            new_keys[layer], new_values[layer] = self._as_stored(k), self._as_stored(v)  # rotated, then stored
             attended = np.empty_like(hidden)
             for stream in np.unique(streams):
                 mine = np.flatnonzero(streams == stream)
-                keys = np.concatenate([self.keys[stream, layer], new_keys[layer, mine]])  # [C + m, KV, dh]
-                values = np.concatenate([self.values[stream, layer], new_values[layer, mine]])
+                keys = np.concatenate([self.keys[stream, layer], new_keys[layer, mine]]).astype(model.dtype)
+                values = np.concatenate([self.values[stream, layer], new_values[layer, mine]]).astype(model.dtype)
                 cell_positions = np.concatenate([self.positions[stream], positions[mine]])
                 held = self.members[stream][:, sequences[mine]].T  # [m, C]
                 batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]
@@ -220,6 +231,9 @@ class ModelContext:
             self.members[stream, slot] = False
             self.members[stream, slot, sequences[i]] = True
         return result
+
+    def _as_stored(self, rows: np.ndarray) -> np.ndarray:
+        return rows.astype(self.kv_dtype)
 
     def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
         s = self.model.shape
@@ -323,8 +337,9 @@ class ModelContext:
         if not picked.size:
             return
         moved = new_positions[picked] - self.positions[stream, picked]
-        for layer in range(self.model.shape.layers):
-            self.keys[stream, layer, picked] = self.model.rotate(self.keys[stream, layer, picked], moved)
+        for layer in range(self.model.shape.layers):  # read back, re-rotated in the model's dtype, stored again
+            held = self.keys[stream, layer, picked].astype(self.model.dtype)
+            self.keys[stream, layer, picked] = self.model.rotate(held, moved)
         self.positions[stream, picked] = new_positions[picked]
         gone = picked[new_positions[picked] < 0]
         self.members[stream, gone] = False

@@ -30,13 +30,16 @@ class ModelReferenceAdapter:
     model_policy: ClassVar[dict[str, Any]] = {"contexts": ["unified", "per_sequence"], "shared_copies": True,
                                               "copy_unified": "merge", "copy_per_sequence": "merge"}
 
+    dtype = "float64"
+
     def create_model(self, config: Any, weights: Any) -> LlamaModel:
-        return LlamaModel(config, weights)
+        return LlamaModel(config, weights, dtype=self.dtype)
 
     def create_context(self, model: LlamaModel, config: Any) -> ModelContext:
         copy = self.model_policy["copy_unified" if config.unified else "copy_per_sequence"]
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
-                            shared_copies=self.model_policy["shared_copies"], copy_into_nonempty=copy)
+                            shared_copies=self.model_policy["shared_copies"], copy_into_nonempty=copy,
+                            kv_dtype=getattr(self, "kv_storage", None))
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -86,3 +89,19 @@ class ModelReferenceAdapter:
 
 def make_model_adapter() -> ModelReferenceAdapter:
     return ModelReferenceAdapter()
+
+
+class LowPrecisionModelAdapter(ModelReferenceAdapter):
+    """The reference computing in ``dtype`` with its cache stored in ``kv_storage`` (llama.cpp's default: float32
+    computation, a float16 cache), judged by the precision rule of docs/spec.md §15.6."""
+
+    capabilities = ModelReferenceAdapter.capabilities - {"float64"}
+
+    def __init__(self, dtype: str, kv_storage: str) -> None:
+        self.dtype, self.kv_storage = dtype, kv_storage
+        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}]"
+
+
+def make_float32_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation, float16 cache: llama.cpp's default configuration."""
+    return LowPrecisionModelAdapter("float32", "float16")
