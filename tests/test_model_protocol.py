@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from impl.model_conformance import ModelReferenceAdapter
-from kvcache_conformance.oracle import ContextConfig, ModelConfig
+from kvcache_conformance.judge.tolerance import Judge
+from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig
 from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
 from kvcache_conformance.protocol.declarations import declaration_problems
 from kvcache_conformance.protocol.model import declared_kv_storage
@@ -64,3 +65,19 @@ def test_kv_storage_defaults_to_the_dtype_and_is_checked() -> None:
 def test_sequence_operations_need_whole_model() -> None:
     problems = declaration_problems(adapter(capabilities=frozenset({"seq_copy", "seq_shift"})))
     assert problems == ["declares seq_copy, seq_shift without whole_model, the contexts they work on"]
+
+
+def test_a_cache_is_the_dtype_or_narrower_than_it() -> None:
+    assert declared_kv_storage(adapter(dtype="float32", kv_storage="bfloat16")) == "bfloat16"
+    for dtype, kv in (("float16", "float32"), ("float64", "float32"), ("float32", "float64")):
+        with pytest.raises(ValueError):
+            declared_kv_storage(adapter(dtype=dtype, kv_storage=kv))
+
+
+def test_the_model_judge_reads_dtype_and_kv_storage() -> None:
+    exact = Judge.for_model(adapter(), FLOAT64)
+    assert exact.naive is None and exact.storage is None and exact.kv_storage == "float64"
+    same = Judge.for_model(adapter(dtype="float32"), FLOAT64)
+    assert same.storage is None and same.kv_storage == "float32" and same.naive.name == "float32"
+    narrow = Judge.for_model(adapter(dtype="float32", kv_storage="float16"), FLOAT64)
+    assert narrow.storage.format == "float16" and narrow.kv_storage == "float16" and narrow.naive.name == "float32"

@@ -17,20 +17,16 @@ from impl.model_conformance import ModelReferenceAdapter, make_float32_model_ada
 from kvcache_conformance.judge.tolerance import Judge
 from kvcache_conformance.oracle import (
     FLOAT64,
-    FLOAT_FORMATS,
     MODEL_PRESETS,
     ContextConfig,
     ModelBatch,
     ModelConfig,
-    StorageFormat,
-    numpy_precision,
     random_model_weights,
 )
 from kvcache_conformance.oracle.model import CellContext, Model, ModelRefusal, kv_storage_of
 from kvcache_conformance.protocol import ModelAdapter
 from kvcache_conformance.protocol.declarations import required_methods
 from kvcache_conformance.protocol.kinds import declared
-from kvcache_conformance.protocol.model import declared_kv_storage
 
 SEQUENCES = 3
 
@@ -46,11 +42,10 @@ class Pair:
         self.oracle = CellContext(Model(config, weights), context, **policy)
         self.adapter = adapter or ModelReferenceAdapter()
         self.naive: CellContext | None = None
-        kv = declared_kv_storage(self.adapter)  # a cache narrower than the computation adds its format's unit
-        self.judge = Judge(self.adapter.dtype, FLOAT64, storage=StorageFormat(kv) if kv in FLOAT_FORMATS else None)
-        if self.adapter.dtype != "float64":
-            numbers = numpy_precision(self.adapter.dtype)
-            storage = kv_storage_of(declared_kv_storage(self.adapter), numbers)
+        self.judge = Judge.for_model(self.adapter, FLOAT64)
+        numbers = self.judge.naive
+        if numbers is not None:
+            storage = kv_storage_of(self.judge.kv_storage, numbers)
             self.naive = CellContext(Model(config, weights, numbers=numbers, kv_storage=storage), context, **policy)
         self.worst = 0.0  # the largest error / tolerance of a decode
         self.adapter.model_policy = {**ModelReferenceAdapter.model_policy, "shared_copies":

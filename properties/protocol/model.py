@@ -51,6 +51,7 @@ SEQUENCE_OPERATIONS = {"seq_remove": ("seq_remove",), "seq_copy": ("seq_copy",),
 MODEL_METHODS = ("create_model", "create_context", "context_cells", "decode_batch", "clear", "seq_pos_min",
                  "seq_pos_max", "can_shift")
 KV_STORAGES = ("float64", "float32", "float16", "bfloat16")
+NARROW_KV_STORAGES = ("float16", "bfloat16")  # judged as a storage format (docs/spec.md §13.6) under the dtype
 
 CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / False
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
@@ -181,10 +182,15 @@ class ModelLimits:
 
 
 def declared_kv_storage(adapter: Any) -> str:
-    """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked."""
-    storage = str(getattr(adapter, "kv_storage", None) or getattr(adapter, "dtype", "float64"))
+    """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked: the dtype
+    itself, or float16 / bfloat16 under a wider computation (docs/spec.md §15.6)."""
+    dtype = str(getattr(adapter, "dtype", "float64"))
+    storage = str(getattr(adapter, "kv_storage", None) or dtype)
     if storage not in KV_STORAGES:
         raise ValueError(f"kv_storage must be one of {KV_STORAGES}, got {storage!r}")
+    if storage != dtype and storage not in NARROW_KV_STORAGES:
+        raise ValueError(f"kv_storage {storage!r} under dtype {dtype!r}: a cache is the dtype itself, or one of "
+                         f"{NARROW_KV_STORAGES} under a wider computation")
     return storage
 
 
