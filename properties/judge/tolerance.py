@@ -78,6 +78,7 @@ import numpy as np
 
 from ..oracle import COMPONENTS, FLOAT64, NumberSystem, StorageFormat, mixed_precision, numpy_precision
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
+from ..protocol.model import declared_kv_storage
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -122,6 +123,20 @@ class Judge:
         dtype, components = declared_precision(adapter)
         return cls(dtype, oracle, components=components,
                    storage=declared_storage(adapter) if layer_caches else None)
+
+    @classmethod
+    def for_model(cls, adapter: Any, oracle: NumberSystem) -> Judge:
+        """The judge of a whole model (docs/spec.md §15.6): its ``dtype``, and its ``kv_storage`` as a storage
+        format where the cache is narrower than the computation (the naive baseline then reads every key and
+        value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
+        dtype, components = declared_precision(adapter)
+        kv = declared_kv_storage(adapter)
+        return cls(dtype, oracle, components=components, storage=StorageFormat(kv) if kv != dtype else None)
+
+    @property
+    def kv_storage(self) -> str:
+        """The element type of a whole model's cache, as this judge reads it."""
+        return self.dtype if self.storage is None else self.storage.format
 
     @property
     def naive(self) -> NumberSystem | None:

@@ -1,0 +1,83 @@
+"""The whole-model protocol's declarations: read, checked, and refused when the suite cannot judge them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from impl.model_conformance import ModelReferenceAdapter
+from kvcache_conformance.judge.tolerance import Judge
+from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig
+from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
+from kvcache_conformance.protocol.declarations import declaration_problems
+from kvcache_conformance.protocol.model import declared_kv_storage
+
+
+def adapter(**attributes: Any) -> Any:
+    declared = type("Declared", (ModelReferenceAdapter,), {})()
+    for key, value in attributes.items():
+        setattr(declared, key, value)
+    return declared
+
+
+def test_the_reference_declares_nothing_contradictory() -> None:
+    assert declaration_problems(ModelReferenceAdapter()) == []
+    assert ModelPolicy.of(ModelReferenceAdapter()) == ModelPolicy()
+
+
+def test_a_policy_is_read_as_declared() -> None:
+    policy = ModelPolicy.of(adapter(model_policy={"contexts": ["unified"], "copy_per_sequence": "whole_only",
+                                                  "shared_copies": False}))
+    assert policy.contexts == frozenset({"unified"}) and not policy.shared_copies
+    assert policy.copy_into_nonempty(unified=False) == "whole_only"
+    assert policy.copy_into_nonempty(unified=True) == "merge"
+    assert policy.described()["copy_per_sequence"] == "whole_only"
+
+
+@pytest.mark.parametrize("given", [
+    {"copy": "merge"}, {"contexts": "unified"}, {"contexts": []}, {"contexts": ["shared"]},
+    {"shared_copies": "yes"}, {"copy_unified": "swap"}, {"negative_shift": "clamped"}, ["merge"],
+])
+def test_a_policy_the_suite_cannot_judge_is_a_usage_error(given: Any) -> None:
+    with pytest.raises(ModelPolicyError):
+        ModelPolicy.of(adapter(model_policy=given))
+    assert declaration_problems(adapter(model_policy=given))
+
+
+def test_limits_bound_models_and_contexts() -> None:
+    limits = ModelLimits.of(adapter(model_limits={"head_width_multiple": 32, "max_sequences": 2, "max_vocab": 8}))
+    assert "multiple of 32" in limits.model_problem(ModelConfig(vocab=8))
+    assert "vocab 16 > max_vocab 8" in limits.model_problem(ModelConfig(head_width=32))
+    assert limits.model_problem(ModelConfig(vocab=8, head_width=64)) is None
+    assert limits.context_problem(ContextConfig(16, 3)) and limits.context_problem(ContextConfig(16, 2)) is None
+    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}):
+        assert declaration_problems(adapter(model_limits=bad))
+
+
+def test_kv_storage_defaults_to_the_dtype_and_is_checked() -> None:
+    assert declared_kv_storage(adapter()) == "float64"
+    assert declared_kv_storage(adapter(dtype="float32")) == "float32"
+    assert declared_kv_storage(adapter(dtype="float32", kv_storage="float16")) == "float16"
+    assert declaration_problems(adapter(kv_storage="q8_0"))
+
+
+def test_sequence_operations_need_whole_model() -> None:
+    problems = declaration_problems(adapter(capabilities=frozenset({"seq_copy", "seq_shift"})))
+    assert problems == ["declares seq_copy, seq_shift without whole_model, the contexts they work on"]
+
+
+def test_a_cache_is_the_dtype_or_narrower_than_it() -> None:
+    assert declared_kv_storage(adapter(dtype="float32", kv_storage="bfloat16")) == "bfloat16"
+    for dtype, kv in (("float16", "float32"), ("float64", "float32"), ("float32", "float64")):
+        with pytest.raises(ValueError):
+            declared_kv_storage(adapter(dtype=dtype, kv_storage=kv))
+
+
+def test_the_model_judge_reads_dtype_and_kv_storage() -> None:
+    exact = Judge.for_model(adapter(), FLOAT64)
+    assert exact.naive is None and exact.storage is None and exact.kv_storage == "float64"
+    same = Judge.for_model(adapter(dtype="float32"), FLOAT64)
+    assert same.storage is None and same.kv_storage == "float32" and same.naive.name == "float32"
+    narrow = Judge.for_model(adapter(dtype="float32", kv_storage="float16"), FLOAT64)
+    assert narrow.storage.format == "float16" and narrow.kv_storage == "float16" and narrow.naive.name == "float32"
