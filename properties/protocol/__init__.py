@@ -9,7 +9,8 @@ capabilities are plain strings. The parts:
 - ``decoder``: ``DecoderAdapter`` (sessions and the prefix store);
 - ``paged``: ``PagedCacheAdapter`` and its declared ``PagedPolicy``;
 - ``declarations``: the methods a declaration obliges, ``layer_limits``,
-  the precision and storage declarations, and what contradicts what.
+  the precision and storage declarations, and what contradicts what;
+- ``isolation``: ``isolated``, an adapter running another in a child process.
 
 See docs/adapters.md for a minimal complete example.
 """
