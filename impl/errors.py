@@ -222,3 +222,31 @@ class InvalidIndices(KvCacheError):
     def __init__(self, problem: str) -> None:
         self.problem = problem
         super().__init__(f"reorder: {problem}; pass one int index in [0, batch size) per batch row")
+
+
+# -- whole models: a context's cells and its sequence operations (impl.model) ----------------------------------
+
+class InvalidModelConfig(KvCacheError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"invalid model or context: {problem}")
+
+
+class ContextFull(KvCacheError):
+    def __init__(self, needed: int, free: int, what: str) -> None:
+        self.needed, self.free = needed, free
+        super().__init__(f"{what} needs {needed} cells but the store has {free} free; remove cells of a sequence "
+                         "or create the context with more cells")
+
+
+class MalformedBatch(KvCacheError):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"malformed batch: {problem}; tokens must be ids in [0, vocab), sequences ids of the "
+                         "context, and each sequence's positions must run on from its last by one")
+
+
+class SequenceOperationRefused(KvCacheError):
+    def __init__(self, operation: str, problem: str) -> None:
+        self.operation, self.problem = operation, problem
+        super().__init__(f"{operation}: {problem}")

@@ -8,6 +8,7 @@ capabilities are plain strings. The parts:
 - ``layer``: ``KvCacheAdapter`` and ``CacheOperations``, with ``CacheSnapshot``;
 - ``decoder``: ``DecoderAdapter`` (sessions and the prefix store);
 - ``paged``: ``PagedCacheAdapter`` and its declared ``PagedPolicy``;
+- ``model``: ``ModelAdapter`` (whole models over sequences), its ``ModelPolicy`` and ``ModelLimits``;
 - ``declarations``: the methods a declaration obliges, ``layer_limits``,
   the precision and storage declarations, and what contradicts what;
 - ``isolation``: ``isolated``, an adapter running another in a child process.
@@ -20,9 +21,22 @@ from .declarations import METHODS_OF, LayerLimits, required_methods
 from .decoder import BlockState, DecoderAdapter, StoreEntry, StoreResult
 from .kinds import CLAIMED_BY, LAYER_CONVENTIONS, VALIDATIONS, Capability, ErrorKind, declared
 from .layer import CacheOperations, CacheSnapshot, KvCacheAdapter
+from .model import (
+    ContextConfig,
+    LayerWeights,
+    ModelAdapter,
+    ModelBatch,
+    ModelConfig,
+    ModelLimits,
+    ModelPolicy,
+    ModelPolicyError,
+    ModelWeights,
+)
 from .paged import PagedAdd, PagedCacheAdapter, PagedPolicy, PolicyError, PoolState
 
 __all__ = ["CLAIMED_BY", "LAYER_CONVENTIONS", "METHODS_OF", "VALIDATIONS", "AttentionWeights", "BlockState",
-           "CacheOperations", "CacheSnapshot", "Capability", "DecoderAdapter", "DecoderConfig", "DecoderWeights",
-           "ErrorKind", "KvCacheAdapter", "LayerLimits", "PagedAdd", "PagedCacheAdapter", "PagedPolicy",
-           "PolicyError", "PoolState", "RopeConfig", "StoreEntry", "StoreResult", "declared", "required_methods"]
+           "CacheOperations", "CacheSnapshot", "Capability", "ContextConfig", "DecoderAdapter", "DecoderConfig",
+           "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits", "LayerWeights", "ModelAdapter",
+           "ModelBatch", "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "PagedAdd",
+           "PagedCacheAdapter", "PagedPolicy", "PolicyError", "PoolState", "RopeConfig", "StoreEntry", "StoreResult",
+           "declared", "required_methods"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
 from .kinds import LAYER_CONVENTIONS, Capability, declared
+from .model import MODEL_METHODS, SEQUENCE_OPERATIONS
 
 # The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
 METHODS_OF = {
@@ -35,6 +36,8 @@ METHODS_OF = {
     Capability.PAGED_PREFIX_SHARING.value: ("create_decoder", "update_block_weights", "create_pool", "paged_add",
                                             "paged_append", "paged_free", "paged_rows", "paged_state"),
     # and paged_fork / paged_truncate where the paged_policy offers them (PagedPolicy.methods)
+    Capability.WHOLE_MODEL.value: MODEL_METHODS,
+    **SEQUENCE_OPERATIONS,  # seq_remove, seq_copy, ...: each its method(s) (docs/spec.md §15)
 }
 
 

@@ -43,6 +43,9 @@ class ErrorKind(str, Enum):
     INVALID_LENGTH = "invalid_length"  # truncate(n): n not an int (a bool is not), negative, or above the length
     EVICTED = "evicted"  # truncate(n) of a window cache needs rows it no longer holds
     INVALID_INDICES = "invalid_indices"  # reorder: not B int indices, each in [0, B)
+    # whole models (docs/spec.md §15); FULL above is also a context with no room for a batch or a load
+    MALFORMED_BATCH = "malformed_batch"  # empty; a token outside [0, vocab); positions not consecutive; unknown seq
+    REFUSED = "refused"  # a sequence operation not done: an argument outside its range, or one declared refusable
 
 
 class Capability(str, Enum):
@@ -96,6 +99,16 @@ class Capability(str, Enum):
     SLIDING_WINDOW = "sliding_window"  # decoders with a sliding attention window
     POSITIONS_SINUSOIDAL = "positions_sinusoidal"  # absolute sinusoids added to the embedding
     POSITIONS_ROPE = "positions_rope"  # RoPE inside attention
+    # whole models (``ModelAdapter``, docs/spec.md §15): decode batches over sequences; each operation optional
+    WHOLE_MODEL = "whole_model"  # create_model, create_context, decode_batch, clear, seq_pos_min/max, context_cells
+    SEQ_REMOVE = "seq_remove"  # seq_remove(ctx, seq, p0, p1): a position range of one sequence (or of all)
+    SEQ_COPY = "seq_copy"  # seq_copy(ctx, src, dst, p0, p1): the cells of a range into another sequence
+    SEQ_KEEP = "seq_keep"  # seq_keep(ctx, seq): every other sequence removed
+    SEQ_SHIFT = "seq_shift"  # seq_shift(ctx, seq, p0, p1, delta): positions moved, keys re-rotated, values kept
+    SEQ_DIVIDE = "seq_divide"  # seq_divide(ctx, seq, p0, p1, d): positions integer-divided by d
+    SEQ_STATE = "seq_state"  # save_sequence / load_sequence: one sequence's cells out and back in (any context)
+    VALIDATES_MODEL_BATCH = "validates_model_batch"  # rejects a malformed batch with malformed_batch
+    VALIDATES_SEQUENCE_OPS = "validates_sequence_ops"  # rejects an out-of-range operation argument with refused
 
 
 VALIDATIONS = {  # each claimed validation and the error kind it decides
@@ -103,6 +116,8 @@ VALIDATIONS = {  # each claimed validation and the error kind it decides
     Capability.VALIDATES_TOKEN_COUNT: ErrorKind.TOKEN_COUNT, Capability.VALIDATES_BATCH: ErrorKind.BATCH_MISMATCH,
     Capability.VALIDATES_WIDTH: ErrorKind.WIDTH_MISMATCH, Capability.VALIDATES_TOKENS: ErrorKind.INVALID_TOKENS,
     Capability.VALIDATES_LENGTH: ErrorKind.INVALID_LENGTH, Capability.VALIDATES_INDICES: ErrorKind.INVALID_INDICES,
+    Capability.VALIDATES_MODEL_BATCH: ErrorKind.MALFORMED_BATCH,
+    Capability.VALIDATES_SEQUENCE_OPS: ErrorKind.REFUSED,
 }
 CLAIMED_BY: dict[ErrorKind, Capability] = {  # the claim under which each error kind of a call is judged
     **{kind: capability for capability, kind in VALIDATIONS.items()},

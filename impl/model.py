@@ -1,0 +1,366 @@
+"""The reference whole model: a Llama-family decoder over a context of cells, vectorised (docs/spec.md §15).
+
+Written apart from the oracle, and closer to how engines store it (llama.cpp's ``llama_kv_cache``): a
+context preallocates, per store (one if unified, else one per sequence), ``[layers, cells, KV, dh]`` keys
+*rotated at the cell's position* and values, the positions and tokens of the cells, and a membership
+matrix ``[cells, sequences]``. A shift or divide re-rotates the moved keys by the change of position at
+once; a copy in a unified context adds the destination to the membership (the same cells), elsewhere
+it duplicates cells into the destination's store. Every call validates first and writes last, so a call
+that raises changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ContextFull, InvalidModelConfig, MalformedBatch, SequenceOperationRefused
+from .rope import RopeConfig
+
+COPY_POLICIES = ("merge", "replace", "whole_only")
+_LAYER_ARRAYS = ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis."""
+    scaled: np.ndarray = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+    return scaled
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The fields of a model configuration this reference reads (any object with them will do)."""
+
+    vocab: int
+    model_width: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_width: int
+    ffn_width: int
+    rope_style: str
+    rope_base: float
+    norm_eps: float
+    tied_output: bool
+    window: int | None
+    max_positions: int
+
+    @classmethod
+    def of(cls, config: Any) -> ModelShape:
+        try:
+            return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+        except AttributeError as error:
+            raise InvalidModelConfig(f"the configuration lacks {error.name!r}") from None
+
+
+class LlamaModel:
+    """The weights (copied, float64) and the vectorised pieces of the forward."""
+
+    def __init__(self, config: Any, weights: Any) -> None:
+        shape = self.shape = ModelShape.of(config)
+        if shape.heads % shape.kv_heads or shape.head_width % 2:
+            raise InvalidModelConfig("heads must be a multiple of kv heads and the head width even")
+        d, dh, f = shape.model_width, shape.head_width, shape.ffn_width
+        expected = {"attention_norm": (d,), "wq": (shape.heads * dh, d), "wk": (shape.kv_heads * dh, d),
+                    "wv": (shape.kv_heads * dh, d), "wo": (d, shape.heads * dh), "ffn_norm": (d,),
+                    "w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
+        self.embedding = self._array(weights.embedding, (shape.vocab, d), "embedding")
+        self.output_norm = self._array(weights.output_norm, (d,), "output_norm")
+        if (weights.output is None) != bool(shape.tied_output):
+            raise InvalidModelConfig("the output matrix must be absent exactly when the head is tied")
+        self.output = self.embedding if weights.output is None else self._array(weights.output, (shape.vocab, d),
+                                                                                "output")
+        if len(weights.layers) != shape.layers:
+            raise InvalidModelConfig(f"{len(weights.layers)} layers of weights for {shape.layers} layers")
+        self.layers = [{name: self._array(getattr(layer, name), expected[name], name) for name in _LAYER_ARRAYS}
+                       for layer in weights.layers]
+        self.rope = RopeConfig(shape.rope_style, float(shape.rope_base), dh, shape.max_positions)
+        self.inverse_frequency = float(shape.rope_base) ** (-np.arange(0, dh, 2, dtype=np.float64) / dh)  # [dh/2]
+
+    @staticmethod
+    def _array(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+        array = np.array(value, dtype=np.float64)
+        if array.shape != shape or not np.all(np.isfinite(array)):
+            raise InvalidModelConfig(f"{name} must be finite of shape {shape}, got {array.shape}")
+        return array
+
+    def rotate(self, x: np.ndarray, turns: np.ndarray) -> np.ndarray:
+        """Rotate ``x [n, heads, dh]`` by ``turns [n]`` positions (a position, or a change of one)."""
+        theta = np.multiply.outer(np.asarray(turns, dtype=np.float64), self.inverse_frequency)[:, None, :]
+        return self.rope.rotate_with(x, (np.cos(theta), np.sin(theta)))
+
+    def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]``."""
+        s, w = self.shape, self.layers[layer]
+        x = _rms_norm(hidden, w["attention_norm"], s.norm_eps)
+        n = len(hidden)
+        q = (x @ w["wq"].T).reshape(n, s.heads, s.head_width)
+        k = (x @ w["wk"].T).reshape(n, s.kv_heads, s.head_width)
+        v = (x @ w["wv"].T).reshape(n, s.kv_heads, s.head_width)
+        return self.rotate(q, positions), self.rotate(k, positions), v
+
+    def attention(self, layer: int, q: np.ndarray, keys: np.ndarray, values: np.ndarray,
+                  visible: np.ndarray) -> np.ndarray:
+        """``q [m, H, dh]`` over ``keys``, ``values [M, KV, dh]`` where ``visible [m, M]``; after ``wo``: [m, D]."""
+        s = self.shape
+        group = s.heads // s.kv_heads
+        keys_h, values_h = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)  # [M, H, dh]
+        scores = np.einsum("mhd,jhd->mhj", q, keys_h) / math.sqrt(s.head_width)
+        scores = np.where(visible[:, None, :], scores, -np.inf)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        merged = np.einsum("mhj,jhd->mhd", weights, values_h).reshape(len(q), s.heads * s.head_width)
+        out: np.ndarray = merged @ self.layers[layer]["wo"].T
+        return out
+
+    def feed_forward(self, layer: int, hidden: np.ndarray) -> np.ndarray:
+        w = self.layers[layer]
+        x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps)
+        gate = x @ w["w_gate"].T
+        out: np.ndarray = hidden + (gate / (1.0 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
+        return out
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps) @ self.output.T
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceState:
+    """One sequence's cells, saved: positions and tokens ``[n]``, keys (rotated) and values ``[L, n, KV, dh]``."""
+
+    positions: np.ndarray
+    tokens: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+
+
+class ModelContext:
+    """A context of ``cells`` cells for sequences ``0 .. max_sequences-1`` of one ``LlamaModel``."""
+
+    def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
+                 shared_copies: bool = True, copy_into_nonempty: str = "merge") -> None:
+        if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
+                not unified and cells < max_sequences):
+            raise InvalidModelConfig(f"cells {cells!r} and max_sequences {max_sequences!r} must be ints >= 1 "
+                                     f"(a cell for each sequence when not unified)")
+        if copy_into_nonempty not in COPY_POLICIES:
+            raise InvalidModelConfig(f"copy_into_nonempty must be one of {COPY_POLICIES}")
+        s = model.shape
+        self.model, self.unified, self.sequences = model, bool(unified), max_sequences
+        self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
+        streams = 1 if self.unified else max_sequences
+        self.capacity = cells if self.unified else cells // max_sequences
+        self.keys = np.zeros((streams, s.layers, self.capacity, s.kv_heads, s.head_width))  # rotated
+        self.values = np.zeros_like(self.keys)
+        self.positions = np.full((streams, self.capacity), -1, dtype=np.int64)
+        self.tokens = np.full((streams, self.capacity), -1, dtype=np.int64)
+        self.members = np.zeros((streams, self.capacity, max_sequences), dtype=bool)  # cell -> its sequences
+
+    # -- what is observable --
+
+    def stream(self, seq: int) -> int:
+        return 0 if self.unified else int(seq)
+
+    def pos_min(self, seq: int) -> int:
+        held = self.positions[self.stream(seq)][self.members[self.stream(seq), :, seq]]
+        return int(held.min()) if held.size else -1
+
+    def pos_max(self, seq: int) -> int:
+        held = self.positions[self.stream(seq)][self.members[self.stream(seq), :, seq]]
+        return int(held.max()) if held.size else -1
+
+    def _free_slots(self, stream: int) -> np.ndarray:
+        return np.flatnonzero(~self.members[stream].any(axis=1))
+
+    # -- decoding --
+
+    def decode(self, tokens: Any, positions: Any, sequences: Any, logits: Any) -> np.ndarray:
+        """Decode a batch into its sequences' cells, all or none; the wanted logits ``[n, V]`` in batch order."""
+        tokens, positions, sequences = self._checked_batch(tokens, positions, sequences)
+        wanted = np.array([bool(w) for w in logits], dtype=bool)
+        slots = np.empty(len(tokens), dtype=np.int64)
+        streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
+        for stream in np.unique(streams):
+            mine = np.flatnonzero(streams == stream)
+            free = self._free_slots(stream)
+            if len(mine) > len(free):
+                raise ContextFull(len(mine), len(free), "decoding the batch")
+            slots[mine] = free[:len(mine)]
+        model, s = self.model, self.model.shape
+        hidden = model.embedding[tokens]  # [n, D]
+        new_keys = np.empty((s.layers, len(tokens), s.kv_heads, s.head_width))
+        new_values = np.empty_like(new_keys)
+        for layer in range(s.layers):
+            q, new_keys[layer], new_values[layer] = model.qkv(layer, hidden, positions)
+            attended = np.empty_like(hidden)
+            for stream in np.unique(streams):
+                mine = np.flatnonzero(streams == stream)
+                keys = np.concatenate([self.keys[stream, layer], new_keys[layer, mine]])  # [C + m, KV, dh]
+                values = np.concatenate([self.values[stream, layer], new_values[layer, mine]])
+                cell_positions = np.concatenate([self.positions[stream], positions[mine]])
+                held = self.members[stream][:, sequences[mine]].T  # [m, C]
+                batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]
+                visible = np.concatenate([held, batch], axis=1) & (cell_positions[None, :] <= positions[mine, None])
+                if s.window is not None:
+                    visible &= positions[mine, None] - cell_positions[None, :] < s.window
+                attended[mine] = model.attention(layer, q[mine], keys, values, visible)
+            hidden = model.feed_forward(layer, hidden + attended)
+        result = model.logits(hidden[wanted])
+        for i, (stream, slot) in enumerate(zip(streams, slots)):  # commit: nothing above wrote the context
+            self.keys[stream, :, slot], self.values[stream, :, slot] = new_keys[:, i], new_values[:, i]
+            self.positions[stream, slot], self.tokens[stream, slot] = positions[i], tokens[i]
+            self.members[stream, slot] = False
+            self.members[stream, slot, sequences[i]] = True
+        return result
+
+    def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
+        s = self.model.shape
+        tokens, positions, sequences = list(tokens), list(positions), list(sequences)
+        if not tokens:
+            raise MalformedBatch("the batch is empty")
+        for i, (token, position, seq) in enumerate(zip(tokens, positions, sequences)):
+            if not _is_int(token) or not 0 <= token < s.vocab:
+                raise MalformedBatch(f"token {i} is {token!r}, not an id in [0, {s.vocab})")
+            if not _is_int(seq) or not 0 <= seq < self.sequences:
+                raise MalformedBatch(f"token {i}'s sequence {seq!r} is not one of 0..{self.sequences - 1}")
+            if not _is_int(position) or not 0 <= position < s.max_positions:
+                raise MalformedBatch(f"token {i}'s position {position!r} is not in [0, {s.max_positions})")
+        as_arrays = (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
+                     np.array(sequences, dtype=np.int64))
+        for seq in np.unique(as_arrays[2]):
+            mine = as_arrays[1][as_arrays[2] == seq]
+            last = self.pos_max(int(seq))
+            start = mine[0] if last < 0 else last + 1
+            if not np.array_equal(mine, np.arange(start, start + len(mine))):
+                raise MalformedBatch(f"sequence {seq}'s positions {mine.tolist()} do not follow "
+                                     f"{'an empty sequence' if last < 0 else last} one by one")
+        return as_arrays
+
+    # -- sequence operations --
+
+    def _check_seq(self, operation: str, seq: Any, *, any_allowed: bool = False) -> None:
+        if not _is_int(seq) or seq >= self.sequences or (seq < 0 and not any_allowed):
+            raise SequenceOperationRefused(operation, f"sequence {seq!r} is not one of 0..{self.sequences - 1}")
+
+    def _in_range(self, p0: Any, p1: Any, operation: str) -> np.ndarray:
+        if not (_is_int(p0) and _is_int(p1)):
+            raise SequenceOperationRefused(operation, f"positions {p0!r}, {p1!r} are not ints")
+        low = 0 if p0 < 0 else p0
+        mask: np.ndarray = (self.positions >= low) & ((self.positions < p1) if p1 >= 0 else True)
+        return mask  # [streams, cells]
+
+    def _release_empty(self) -> None:
+        self.positions[~self.members.any(axis=2)] = -1
+
+    def clear(self) -> None:
+        self.members[:] = False
+        self._release_empty()
+
+    def remove(self, seq: int, p0: int, p1: int) -> None:
+        self._check_seq("seq_remove", seq, any_allowed=True)
+        chosen = self._in_range(p0, p1, "seq_remove")
+        if seq < 0:
+            self.members[chosen] = False
+        else:
+            self.members[..., seq] &= ~chosen
+        self._release_empty()
+
+    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self._check_seq("seq_copy", src)
+        self._check_seq("seq_copy", dst)
+        chosen = self._in_range(p0, p1, "seq_copy")
+        if self.copy_into_nonempty == "whole_only" and (p0 >= 0 or p1 >= 0):
+            raise SequenceOperationRefused("seq_copy", "only whole sequences are copied (p0 and p1 below 0)")
+        if src == dst:
+            return
+        replacing = self.copy_into_nonempty != "merge"
+        source, target = self.stream(src), self.stream(dst)
+        picked = np.flatnonzero(chosen[source] & self.members[source, :, src])
+        if self.shared_copies:
+            if replacing:
+                self.remove(dst, -1, -1)
+            self.members[source, picked, dst] = True
+            return
+        only_dst = self.members[target, :, dst] & (self.members[target].sum(axis=1) == 1)
+        free = len(self._free_slots(target)) + (int(only_dst.sum()) if replacing else 0)
+        if len(picked) > free:
+            raise ContextFull(len(picked), free, "copying the sequence")
+        cells = (self.positions[source, picked].copy(), self.tokens[source, picked].copy(),
+                 self.keys[source][:, picked].copy(), self.values[source][:, picked].copy())
+        if replacing:
+            self.remove(dst, -1, -1)
+        self._write(target, dst, *cells)
+
+    def _write(self, stream: int, seq: int, positions: np.ndarray, tokens: np.ndarray, keys: np.ndarray,
+               values: np.ndarray) -> None:
+        """New cells of ``seq`` alone in free slots of ``stream`` (the caller checked the room)."""
+        slots = self._free_slots(stream)[:len(positions)]
+        self.positions[stream, slots], self.tokens[stream, slots] = positions, tokens
+        self.keys[stream][:, slots], self.values[stream][:, slots] = keys, values
+        self.members[stream, slots] = False
+        self.members[stream, slots, seq] = True
+
+    def keep(self, seq: int) -> None:
+        self._check_seq("seq_keep", seq)
+        kept = self.members[..., seq].copy()
+        self.members[:] = False
+        self.members[..., seq] = kept
+        self._release_empty()
+
+    def _move(self, seq: int, chosen: np.ndarray, new_positions: np.ndarray) -> None:
+        """Cells of ``seq`` where ``chosen [cells]`` go to ``new_positions`` (of the same cells), keys re-rotated;
+        those below 0 leave every sequence."""
+        stream = self.stream(seq)
+        picked = np.flatnonzero(chosen & self.members[stream, :, seq])
+        if not picked.size:
+            return
+        moved = new_positions[picked] - self.positions[stream, picked]
+        for layer in range(self.model.shape.layers):
+            self.keys[stream, layer, picked] = self.model.rotate(self.keys[stream, layer, picked], moved)
+        self.positions[stream, picked] = new_positions[picked]
+        gone = picked[new_positions[picked] < 0]
+        self.members[stream, gone] = False
+        self._release_empty()
+
+    def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        self._check_seq("seq_shift", seq)
+        if not _is_int(delta):
+            raise SequenceOperationRefused("seq_shift", f"delta {delta!r} is not an int")
+        stream = self.stream(seq)
+        self._move(seq, self._in_range(p0, p1, "seq_shift")[stream], self.positions[stream] + delta)
+
+    def divide(self, seq: int, p0: int, p1: int, d: int) -> None:
+        self._check_seq("seq_divide", seq)
+        if not _is_int(d) or d < 1:
+            raise SequenceOperationRefused("seq_divide", f"the divisor {d!r} is not an int >= 1")
+        stream = self.stream(seq)
+        self._move(seq, self._in_range(p0, p1, "seq_divide")[stream], self.positions[stream] // d)
+
+    def save(self, seq: int) -> SequenceState:
+        self._check_seq("save_sequence", seq)
+        stream = self.stream(seq)
+        picked = np.flatnonzero(self.members[stream, :, seq])
+        return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),
+                             self.keys[stream][:, picked].copy(), self.values[stream][:, picked].copy())
+
+    def load(self, seq: int, state: Any) -> None:
+        self._check_seq("load_sequence", seq)
+        s = self.model.shape
+        if not isinstance(state, SequenceState) or state.keys.shape[0::2] != (s.layers, s.kv_heads) or \
+                state.keys.shape[3] != s.head_width:
+            raise SequenceOperationRefused("load_sequence", "the state is not a saved sequence of this model")
+        stream = self.stream(seq)
+        only_seq = self.members[stream, :, seq] & (self.members[stream].sum(axis=1) == 1)
+        free = len(self._free_slots(stream)) + int(only_seq.sum())
+        if len(state.positions) > free:
+            raise ContextFull(len(state.positions), free, "loading the sequence")
+        self.remove(seq, -1, -1)
+        self._write(stream, seq, state.positions, state.tokens, state.keys, state.values)

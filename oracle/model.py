@@ -1,0 +1,422 @@
+"""A whole Llama-family model over per-sequence cells, written to be obviously correct (docs/spec.md §15).
+
+Two parts, read top-down:
+
+1. The model (llama2.c's ``run.c`` order): a token's hidden state starts as its embedding row; each
+   layer adds attention over the cells its sequence sees, then a SwiGLU feed-forward; a final RMSNorm
+   and the output head (or the tied embedding) give the logits. Explicit loops over scalars of one
+   ``NumberSystem``, so the same code runs in float64 and in mpmath.
+2. The cell model (``CellContext``): what a context holds and what each sequence operation does to it,
+   as plain data operations. A cell is one decoded token: its position, its token, the sequences it
+   belongs to, and per layer its key *before rotation* and its value *as computed when it was decoded*.
+   Attention rotates a cell's key at the cell's current position, so a shift re-rotates keys and keeps
+   values and every deeper layer as they were: a shift is not a recomputation.
+
+An operation that cannot be done raises ``ModelRefusal`` with the spec's error kind *before* changing
+anything, so the machine learns what is due from the oracle itself.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .attention import Vector, rope_rotate, softmax
+from .config import OracleInputError
+from .model_config import ContextConfig, ModelBatch, ModelConfig, ModelWeights
+from .numbers import FLOAT64, NumberSystem
+
+Matrix = list[Vector]  # (out, in): row o holds the weights of output o
+KvStorage = Callable[[Vector], Vector]  # a rotated key or a value head row -> what the cache holds of it
+
+# The error kinds of docs/spec.md §15.5 (the protocol's ErrorKind values; the oracle imports no protocol).
+FULL, MALFORMED_BATCH, REFUSED = "full", "malformed_batch", "refused"
+MERGE, REPLACE, WHOLE_ONLY = "merge", "replace", "whole_only"  # a copy into a non-empty destination
+
+
+class ModelRefusal(Exception):
+    """An operation the cell model does not do, with the kind a conforming context raises; nothing changed."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind}: {reason}")
+        self.kind, self.reason = kind, reason
+
+
+# -- the model's pieces ------------------------------------------------------------------------------------------
+
+def matvec(matrix: Matrix, x: Vector) -> Vector:
+    """``y[o] = sum_i W[o][i] * x[i]``, summed in the order of ``i``."""
+    return [_dot(row, x) for row in matrix]
+
+
+def rms_norm(x: Vector, weight: Vector, eps: float, numbers: NumberSystem) -> Vector:
+    """``x / sqrt(mean(x^2) + eps) * w``."""
+    mean_square = _dot(x, x) / len(x)
+    scale = numbers.sqrt(mean_square + numbers.number(eps))
+    return [v / scale * w for v, w in zip(x, weight)]
+
+
+def silu(x: Any, numbers: NumberSystem) -> Any:
+    """``x * sigmoid(x) = x / (1 + exp(-x))``."""
+    return x / (1 + numbers.exp(-x))
+
+
+def swiglu(x: Vector, layer: _Layer, numbers: NumberSystem) -> Vector:
+    """The feed-forward ``down(silu(gate x) * up x)``."""
+    gate, up = matvec(layer.w_gate, x), matvec(layer.w_up, x)  # [F], [F]
+    return matvec(layer.w_down, [silu(g, numbers) * u for g, u in zip(gate, up)])  # [D]
+
+
+@dataclass(frozen=True, eq=False)
+class _Layer:
+    """One layer's weights as scalars of the model's number system (converted once)."""
+
+    attention_norm: Vector
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
+    ffn_norm: Vector
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
+
+
+class Model:
+    """A Llama-family model in one number system: the weights converted once, the forward in pieces."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, *, numbers: NumberSystem = FLOAT64,
+                 kv_storage: KvStorage | None = None) -> None:
+        weights.check(config)
+        self.config, self.weights, self.numbers = config, weights, numbers
+        self.kv_storage = kv_storage  # None: keys and values read as computed
+        def vector(array: np.ndarray) -> Vector:
+            return [numbers.number(float(v)) for v in array]
+
+        def matrix(array: np.ndarray) -> Matrix:
+            return [vector(row) for row in array]
+
+        self.embedding = matrix(weights.embedding)  # [V][D]
+        self.layers = [_Layer(attention_norm=vector(layer.attention_norm), wq=matrix(layer.wq), wk=matrix(layer.wk),
+                              wv=matrix(layer.wv), wo=matrix(layer.wo), ffn_norm=vector(layer.ffn_norm),
+                              w_gate=matrix(layer.w_gate), w_up=matrix(layer.w_up), w_down=matrix(layer.w_down))
+                       for layer in weights.layers]
+        self.output_norm = vector(weights.output_norm)  # [D]
+        self.output = matrix(weights.embedding if weights.output is None else weights.output)  # [V][D]; tied: E
+
+    def project_kv(self, layer: int, hidden: Vector) -> tuple[Vector, Vector, Vector]:
+        """The layer's normed input's query ``[H*dh]``, key ``[KV*dh]`` (unrotated) and value ``[KV*dh]``."""
+        weights = self.layers[layer]
+        x = rms_norm(hidden, weights.attention_norm, self.config.norm_eps, self.numbers)
+        return matvec(weights.wq, x), matvec(weights.wk, x), matvec(weights.wv, x)
+
+    def attend(self, layer: int, query: Vector, position: int, seen: Sequence[Cell]) -> Vector:
+        """Attention output ``[D]`` (after ``wo``) of an unrotated ``query`` at ``position`` over ``seen``.
+
+        Query head ``h`` reads kv head ``g = h // (H/KV)``; both sides are rotated at their own (current)
+        positions; scores are ``q . k / sqrt(dh)``.
+        """
+        config, numbers = self.config, self.numbers
+        dh = config.head_width
+        scale = numbers.sqrt(numbers.number(float(dh)))
+        merged: Vector = []  # [H*dh]
+        for h in range(config.heads):
+            g = h // config.group_size
+            q = rope_rotate(_head(query, h, dh), position, config.rope, numbers)
+            keys = [self._stored(rope_rotate(_head(cell.keys[layer], g, dh), cell.position, config.rope, numbers))
+                    for cell in seen]
+            values = [self._stored(_head(cell.values[layer], g, dh)) for cell in seen]
+            weights = softmax([_dot(q, k) / scale for k in keys], numbers)
+            for f in range(dh):
+                merged.append(sum((a * v[f] for a, v in zip(weights, values)), start=weights[0] * 0))
+        return matvec(self.layers[layer].wo, merged)
+
+    def feed_forward(self, layer: int, hidden: Vector) -> Vector:
+        """``hidden + swiglu(rms_norm(hidden))``."""
+        weights = self.layers[layer]
+        x = rms_norm(hidden, weights.ffn_norm, self.config.norm_eps, self.numbers)
+        return [h + f for h, f in zip(hidden, swiglu(x, weights, self.numbers))]
+
+    def logits(self, hidden: Vector) -> Vector:
+        """The final RMSNorm, then the output head ``[V]``."""
+        x = rms_norm(hidden, self.output_norm, self.config.norm_eps, self.numbers)
+        return matvec(self.output, x)
+
+    def _stored(self, row: Vector) -> Vector:
+        return row if self.kv_storage is None else self.kv_storage(row)
+
+
+# -- the cell model ----------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Cell:
+    """One decoded token in a store: ``position`` (moved by shifts and divides), ``token``, the ``sequences``
+    it belongs to, and per layer ``keys [KV*dh]`` (before rotation) and ``values [KV*dh]`` as computed."""
+
+    position: int
+    token: int
+    keys: tuple[Vector, ...]
+    values: tuple[Vector, ...]
+    sequences: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, eq=False)
+class SavedSequence:
+    """What saving one sequence keeps: its cells' positions, tokens, keys and values, in store order."""
+
+    cells: tuple[tuple[int, int, tuple[Vector, ...], tuple[Vector, ...]], ...]
+
+
+def open_range(p0: int, p1: int) -> tuple[int, float]:
+    """llama.h's range ``[p0, p1)``: ``p0 < 0`` means from 0, ``p1 < 0`` means to the end."""
+    return (0 if p0 < 0 else p0), (float("inf") if p1 < 0 else p1)
+
+
+class CellContext:
+    """What one context holds: a store of cells (one for every sequence if unified, else one per sequence),
+    and the sequence operations as data operations on it.
+
+    ``shared_copies``: in a unified context a copy adds the destination to the source's cells (the same
+    cells, no room used) instead of duplicating them. ``copy_into_nonempty``: ``"merge"``, ``"replace"`` or
+    ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``).
+    """
+
+    def __init__(self, model: Model, config: ContextConfig, *, shared_copies: bool = True,
+                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None) -> None:
+        if copy_into_nonempty not in (MERGE, REPLACE, WHOLE_ONLY):
+            raise OracleInputError(f"copy_into_nonempty must be merge, replace or whole_only, "
+                                   f"got {copy_into_nonempty!r}")
+        self.model, self.config = model, config
+        self.shared_copies = shared_copies and config.unified
+        self.copy_into_nonempty = copy_into_nonempty
+        self.capacity = config.stream_cells if stream_cells is None else stream_cells  # cells of one store
+        self.stores: list[list[Cell]] = [[] for _ in range(1 if config.unified else config.max_sequences)]
+
+    # -- what is observable --
+
+    def store_of(self, seq: int) -> list[Cell]:
+        return self.stores[0 if self.config.unified else seq]
+
+    def cells_of(self, seq: int) -> list[Cell]:
+        """The cells ``seq`` sees, in store order."""
+        return [cell for cell in self.store_of(seq) if seq in cell.sequences]
+
+    def pos_min(self, seq: int) -> int:
+        return min((cell.position for cell in self.cells_of(seq)), default=-1)
+
+    def pos_max(self, seq: int) -> int:
+        return max((cell.position for cell in self.cells_of(seq)), default=-1)
+
+    def free(self, store: list[Cell]) -> int:
+        return self.capacity - len(store)
+
+    # -- decoding --
+
+    def decode(self, batch: ModelBatch) -> np.ndarray:
+        """Decode every token of ``batch`` into its sequence's cells; the wanted logits ``[n, V]`` in float64.
+
+        Each layer first computes every batch token's key and value into its new cell, then each token
+        attends over the cells of its sequence at positions ``<= its own`` (within the window), the batch's
+        new cells included: a batch is causal, as its tokens were decoded one by one.
+        """
+        self._check_batch(batch)
+        model, numbers = self.model, self.model.numbers
+        count = len(batch.tokens)
+        hidden = [list(model.embedding[t]) for t in batch.tokens]  # [n][D]
+        new_keys: list[list[Vector]] = [[] for _ in range(count)]  # per token, per layer
+        new_values: list[list[Vector]] = [[] for _ in range(count)]
+        cells = [Cell(batch.positions[i], batch.tokens[i], (), (), {batch.sequences[i]}) for i in range(count)]
+        for layer in range(model.config.layers):
+            queries = []
+            for i in range(count):
+                query, key, value = model.project_kv(layer, hidden[i])
+                queries.append(query)
+                new_keys[i].append(key)
+                new_values[i].append(value)
+                cells[i].keys, cells[i].values = tuple(new_keys[i]), tuple(new_values[i])
+            for i in range(count):
+                seen = self._seen(batch.sequences[i], batch.positions[i], layer, cells)
+                attention = model.attend(layer, queries[i], batch.positions[i], seen)
+                hidden[i] = [h + a for h, a in zip(hidden[i], attention)]
+            hidden = [model.feed_forward(layer, h) for h in hidden]
+        for i, cell in enumerate(cells):
+            self.store_of(batch.sequences[i]).append(cell)
+        wanted = [model.logits(hidden[i]) for i in range(count) if batch.logits[i]]
+        rounded = [[numbers.to_float(v) for v in row] for row in wanted]
+        return np.array(rounded, dtype=np.float64).reshape(len(wanted), model.config.vocab)
+
+    def _seen(self, seq: int, position: int, layer: int, batch_cells: list[Cell]) -> list[Cell]:
+        """The cells a query of ``seq`` at ``position`` attends at ``layer``: held ones, then the batch's."""
+        window = self.model.config.window
+        candidates = [*self.cells_of(seq), *(c for c in batch_cells if seq in c.sequences and len(c.keys) > layer)]
+        return [c for c in candidates
+                if c.position <= position and (window is None or position - c.position < window)]
+
+    def _check_batch(self, batch: ModelBatch) -> None:
+        """Refuse a malformed batch, then one without room; nothing is computed before both pass."""
+        config, model = self.config, self.model.config
+        if not batch.tokens:
+            raise ModelRefusal(MALFORMED_BATCH, "an empty batch")
+        for i, (token, position, seq) in enumerate(zip(batch.tokens, batch.positions, batch.sequences)):
+            if not _is_int(token) or not 0 <= token < model.vocab:
+                raise ModelRefusal(MALFORMED_BATCH, f"token {i} is {token!r}, outside [0, {model.vocab})")
+            if not _is_int(seq) or not 0 <= seq < config.max_sequences:
+                raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s sequence {seq!r} is not one of "
+                                                    f"0..{config.max_sequences - 1}")
+            if not _is_int(position) or position < 0:
+                raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s position {position!r} is not an int >= 0")
+        for seq in dict.fromkeys(batch.sequences):
+            positions = [p for p, s in zip(batch.positions, batch.sequences) if s == seq]
+            held = self.pos_max(seq)
+            start = positions[0] if held < 0 else held + 1  # an empty sequence may start anywhere
+            if positions != list(range(start, start + len(positions))):
+                raise ModelRefusal(MALFORMED_BATCH, f"sequence {seq}'s positions {positions} do not run on from "
+                                   f"{'nothing' if held < 0 else held} one by one")
+            if positions[-1] >= model.max_positions:
+                raise OracleInputError(f"position {positions[-1]} outside the model's {model.max_positions}")
+        for index, store in enumerate(self.stores):
+            needed = sum(1 for s in batch.sequences if self.store_of(s) is store)
+            if needed > self.free(store):
+                raise ModelRefusal(FULL, f"{needed} tokens for store {index} with {self.free(store)} free cells")
+
+    # -- sequence operations --
+
+    def clear(self) -> None:
+        for store in self.stores:
+            store.clear()
+
+    def remove(self, seq: int, p0: int, p1: int) -> None:
+        """``seq``'s cells at positions in the range leave it (``seq < 0``: every sequence's); a cell no
+        sequence holds any more is freed."""
+        self._check_sequence(seq, any_allowed=True)
+        low, high = open_range(p0, p1)
+        for store in (self.stores if seq < 0 or self.config.unified else [self.store_of(seq)]):
+            for cell in store:
+                if low <= cell.position < high:
+                    cell.sequences = set() if seq < 0 else cell.sequences - {seq}
+            store[:] = [cell for cell in store if cell.sequences]
+
+    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """``src``'s cells in the range join ``dst``: the same cells (shared copies) or duplicates in
+        ``dst``'s store; into a non-empty ``dst``, merged with its cells or replacing them."""
+        self._check_sequence(src)
+        self._check_sequence(dst)
+        if src == dst:
+            return
+        whole = p0 < 0 and p1 < 0
+        if self.copy_into_nonempty == WHOLE_ONLY and not whole:
+            raise OracleInputError("a range copy under a whole_only declaration")
+        low, high = open_range(p0, p1)
+        copied = [cell for cell in self.cells_of(src) if low <= cell.position < high]
+        replacing = self.copy_into_nonempty != MERGE
+        if not self.shared_copies:
+            store = self.store_of(dst)
+            freed = sum(1 for cell in self.cells_of(dst) if cell.sequences == {dst}) if replacing else 0
+            if len(copied) > self.free(store) + freed:
+                raise ModelRefusal(FULL, f"copying {len(copied)} cells into a store with "
+                                   f"{self.free(store) + freed} free")
+        if replacing:
+            self.remove(dst, -1, -1)
+        for cell in copied:
+            if self.shared_copies:
+                cell.sequences.add(dst)
+            else:
+                self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}))
+
+    def keep(self, seq: int) -> None:
+        """Every cell not of ``seq`` is freed; ``seq``'s cells belong to ``seq`` alone."""
+        self._check_sequence(seq)
+        for store in self.stores:
+            for cell in store:
+                cell.sequences = cell.sequences & {seq}
+            store[:] = [cell for cell in store if cell.sequences]
+
+    def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """``delta`` added to the positions of ``seq``'s cells in the range (of every sequence sharing such a
+        cell); a cell moved below 0 is freed. Keys are rotated at the new positions when read; values and
+        deeper layers stay as computed."""
+        self._check_sequence(seq)
+        if not _is_int(delta):
+            raise ModelRefusal(REFUSED, f"a shift by {delta!r}, not an int")
+        low, high = open_range(p0, p1)
+        store = self.store_of(seq)
+        for cell in store:
+            if seq in cell.sequences and low <= cell.position < high:
+                cell.position += delta
+                if cell.position < 0:
+                    cell.sequences = set()
+        store[:] = [cell for cell in store if cell.sequences]
+
+    def divide(self, seq: int, p0: int, p1: int, d: int) -> None:
+        """Positions ``p`` of ``seq``'s cells in the range become ``p // d`` (``d >= 1``)."""
+        self._check_sequence(seq)
+        if not _is_int(d) or d < 1:
+            raise ModelRefusal(REFUSED, f"a divisor {d!r}, not an int >= 1")
+        low, high = open_range(p0, p1)
+        for cell in self.store_of(seq):
+            if seq in cell.sequences and low <= cell.position < high:
+                cell.position //= d
+
+    def save(self, seq: int) -> SavedSequence:
+        self._check_sequence(seq)
+        return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in self.cells_of(seq)))
+
+    def load(self, seq: int, saved: SavedSequence) -> None:
+        """``seq`` holds exactly the saved cells, its own removed first (their cells count as free)."""
+        self._check_sequence(seq)
+        store = self.store_of(seq)
+        freed = sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
+        if len(saved.cells) > self.free(store) + freed:
+            raise ModelRefusal(FULL, f"loading {len(saved.cells)} cells into a store with "
+                               f"{self.free(store) + freed} free")
+        self.remove(seq, -1, -1)
+        store.extend(Cell(position, token, keys, values, {seq}) for position, token, keys, values in saved.cells)
+
+    def _check_sequence(self, seq: Any, *, any_allowed: bool = False) -> None:
+        if not _is_int(seq) or seq >= self.config.max_sequences or (seq < 0 and not any_allowed):
+            raise ModelRefusal(REFUSED, f"sequence {seq!r} is not one of 0..{self.config.max_sequences - 1}")
+
+
+def full_model(tokens: Sequence[int], config: ModelConfig, weights: ModelWeights, *,
+               numbers: NumberSystem = FLOAT64, kv_storage: KvStorage | None = None) -> np.ndarray:
+    """Every position's logits ``[T, V]`` of one sequence ``tokens`` at positions ``0..T-1``, from scratch."""
+    model = Model(config, weights, numbers=numbers, kv_storage=kv_storage)
+    context = CellContext(model, ContextConfig(cells=max(1, len(tokens)), max_sequences=1))
+    return context.decode(ModelBatch.of_sequence(0, list(tokens), 0))
+
+
+def kv_storage_of(dtype: str, numbers: NumberSystem) -> KvStorage | None:
+    """What a cache of element type ``dtype`` holds of a head row of ``numbers`` scalars (None: float64, exact).
+
+    ``float32``, ``float16``, ``bfloat16``: each element rounded to nearest. (Block formats such as llama.cpp's
+    ``q8_0`` and ``q4_0`` -- one scale per 32 consecutive features of a token's row -- would enter here too,
+    as a function of the whole ``[KV*dh]`` row: see docs/spec.md §15.6.)
+    """
+    if dtype == "float64":
+        return None
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise OracleInputError(f"kv storage must be float64, float32, float16 or bfloat16, got {dtype!r}")
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        element: Any = ml_dtypes.bfloat16
+    else:
+        element = getattr(np, dtype)
+    return lambda row: [numbers.number(float(element(numbers.to_float(v)))) for v in row]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _head(row: Sequence[Any], head: int, dh: int) -> Vector:
+    return list(row[head * dh:(head + 1) * dh])
+
+
+def _dot(a: Sequence[Any], b: Sequence[Any]) -> Any:
+    """``sum_f a[f] * b[f]``, from a zero of the same number system, in the order of ``f``."""
+    return sum(map(operator.mul, a, b), start=a[0] * 0)

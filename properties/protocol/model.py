@@ -1,0 +1,271 @@
+"""The whole-model half of an adapter (capability ``whole_model``, docs/spec.md §15).
+
+An engine such as llama.cpp takes token ids per sequence and returns logits; its KV cache is reached
+only through sequence operations. The suite hands the adapter a ``ModelConfig`` and ``ModelWeights``
+(matrices ``(out, in)``, as GGUF reads them back), then ``ContextConfig``s and ``ModelBatch``es; models
+and contexts are opaque handles it passes back. Each sequence operation is optional, under its own
+capability (``SEQUENCE_OPERATIONS``); the names follow llama.h's ``llama_memory_*`` in our words:
+
+=================  ==============================  =====================
+method             llama.h                          capability
+=================  ==============================  =====================
+``decode_batch``   ``llama_decode``                 ``whole_model``
+``clear``          ``llama_memory_clear``           ``whole_model``
+``seq_pos_min``    ``llama_memory_seq_pos_min``     ``whole_model``
+``seq_pos_max``    ``llama_memory_seq_pos_max``     ``whole_model``
+``can_shift``      ``llama_memory_can_shift``       ``whole_model``
+``seq_remove``     ``llama_memory_seq_rm``          ``seq_remove``
+``seq_copy``       ``llama_memory_seq_cp``          ``seq_copy``
+``seq_keep``       ``llama_memory_seq_keep``        ``seq_keep``
+``seq_shift``      ``llama_memory_seq_add``         ``seq_shift``
+``seq_divide``     ``llama_memory_seq_div``         ``seq_divide``
+``save_sequence``  ``llama_state_seq_get_data``     ``seq_state``
+``load_sequence``  ``llama_state_seq_set_data``     ``seq_state``
+=================  ==============================  =====================
+
+A call that does not do what was asked raises, and the adapter's ``error_kind`` maps the exception to
+an ``ErrorKind`` value: ``full`` (no room for a batch or a load), ``malformed_batch``, ``refused``. An
+engine that reports by return value (``llama_memory_seq_rm`` returning false, ``llama_decode`` returning
+1 or -1, ``llama_state_seq_set_data`` returning 0) raises in its adapter. A call that raised changes
+nothing (docs/spec.md §5.1, judged by the logits of what comes next).
+
+What an adapter declares besides its capabilities: ``dtype`` (the computation, e.g. ``"float32"``),
+``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``;
+default: the dtype), ``model_limits`` (``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..oracle.model_config import ContextConfig, LayerWeights, ModelBatch, ModelConfig, ModelWeights
+
+# The method each sequence operation adds (besides those of whole_model itself).
+SEQUENCE_OPERATIONS = {"seq_remove": ("seq_remove",), "seq_copy": ("seq_copy",), "seq_keep": ("seq_keep",),
+                       "seq_shift": ("seq_shift",), "seq_divide": ("seq_divide",),
+                       "seq_state": ("save_sequence", "load_sequence")}
+MODEL_METHODS = ("create_model", "create_context", "context_cells", "decode_batch", "clear", "seq_pos_min",
+                 "seq_pos_max", "can_shift")
+KV_STORAGES = ("float64", "float32", "float16", "bfloat16")
+
+CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / False
+COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
+# whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
+NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
+
+
+class ModelPolicyError(TypeError):
+    """A ``model_policy`` or ``model_limits`` the suite cannot judge (unknown key or value); a usage error."""
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    """Where engines legitimately differ, what the adapter declares (its optional ``model_policy`` mapping).
+
+    - ``contexts``: the kinds of context it creates (``"unified"``, ``"per_sequence"``); the suite asks only
+      for these.
+    - ``shared_copies``: in a unified context, a copy gives the destination *the same cells* (llama.cpp:
+      the cell gains a sequence id; no room is used, and a later shift or divide of either sequence moves
+      the cell for both) rather than copies of them. Per-sequence contexts always copy.
+    - ``copy_unified`` / ``copy_per_sequence``: what a copy into a non-empty destination does, per kind of
+      context: ``"merge"`` (the destination keeps its cells and gains the copied ones), ``"replace"`` (its
+      cells are removed first), ``"whole_only"`` (only whole-sequence copies, which replace: llama.cpp
+      copies a whole store between per-sequence stores).
+    - ``negative_shift``: what a shift below position 0 does: ``"removed"`` (the cell leaves its
+      sequences: llama.cpp) or ``"not_drawn"`` (the suite never asks).
+    - ``refuses_shift``: shifts and divides may be refused with ``refused`` when ``can_shift`` is false
+      (a model whose cache cannot be re-rotated); the suite then expects refusal or success.
+    """
+
+    contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
+    shared_copies: bool = True
+    copy_unified: str = "merge"
+    copy_per_sequence: str = "merge"
+    negative_shift: str = "removed"
+    refuses_shift: bool = False
+
+    @classmethod
+    def of(cls, adapter: Any) -> ModelPolicy:
+        given = getattr(adapter, "model_policy", None)
+        if given is None:
+            return cls()
+        if not isinstance(given, Mapping):
+            raise ModelPolicyError(f"model_policy must be a mapping, got {type(given).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ModelPolicyError(f"model_policy: unknown key {', '.join(map(repr, unknown))}; known: {known}")
+        contexts = given.get("contexts", CONTEXT_KINDS)
+        if isinstance(contexts, str) or not contexts or not set(contexts) <= set(CONTEXT_KINDS):
+            raise ModelPolicyError(f"model_policy['contexts'] must be a non-empty list drawn from "
+                                   f"{list(CONTEXT_KINDS)}, got {contexts!r}")
+        for name in ("shared_copies", "refuses_shift"):
+            if not isinstance(given.get(name, False), bool):
+                raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
+        for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
+                              ("negative_shift", NEGATIVE_SHIFTS)):
+            if name in given and given[name] not in allowed:
+                raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
+        return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
+
+    def copy_into_nonempty(self, unified: bool) -> str:
+        """What a copy into a non-empty destination does in a context of this kind."""
+        return self.copy_unified if unified else self.copy_per_sequence
+
+    def described(self) -> dict[str, Any]:
+        """For reports and failure messages."""
+        return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
+                "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
+                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """The models and contexts an engine can build (an adapter's optional ``model_limits`` mapping); the suite
+    draws only within them. Every field is optional (None: the suite's own ranges)."""
+
+    max_vocab: int | None = None
+    max_model_width: int | None = None
+    max_layers: int | None = None
+    max_heads: int | None = None
+    min_head_width: int | None = None
+    max_head_width: int | None = None
+    head_width_multiple: int | None = None  # quantized caches store blocks of 32 along a row
+    max_ffn_width: int | None = None
+    max_cells: int | None = None
+    max_sequences: int | None = None
+    max_batch: int | None = None  # tokens of one decode call (llama.cpp's n_batch)
+
+    @classmethod
+    def of(cls, adapter: Any) -> ModelLimits:
+        given = getattr(adapter, "model_limits", None) or {}
+        if isinstance(given, ModelLimits):
+            return given
+        if not isinstance(given, Mapping):
+            raise ModelPolicyError(f"model_limits must be a mapping, got {type(given).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ModelPolicyError(f"model_limits: unknown limit {', '.join(map(repr, unknown))}; known: {known}")
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelPolicyError(f"model_limits[{name!r}] must be an int >= 1, got {value!r}")
+        return cls(**given)
+
+    def model_problem(self, config: ModelConfig) -> str | None:
+        """Why a model of this configuration is outside the limits (None: inside)."""
+        bounds = [("max_vocab", config.vocab), ("max_model_width", config.model_width),
+                  ("max_layers", config.layers), ("max_heads", config.heads),
+                  ("max_head_width", config.head_width), ("max_ffn_width", config.ffn_width)]
+        for name, value in bounds:
+            limit = getattr(self, name)
+            if limit is not None and value > limit:
+                return f"{name.removeprefix('max_').replace('_', ' ')} {value} > {name} {limit}"
+        if self.min_head_width is not None and config.head_width < self.min_head_width:
+            return f"head width {config.head_width} < min_head_width {self.min_head_width}"
+        if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
+            return f"head width {config.head_width} is not a multiple of {self.head_width_multiple}"
+        return None
+
+    def context_problem(self, config: ContextConfig) -> str | None:
+        """Why a context of this configuration is outside the limits (None: inside)."""
+        if self.max_cells is not None and config.cells > self.max_cells:
+            return f"{config.cells} cells > max_cells {self.max_cells}"
+        if self.max_sequences is not None and config.max_sequences > self.max_sequences:
+            return f"{config.max_sequences} sequences > max_sequences {self.max_sequences}"
+        return None
+
+
+def declared_kv_storage(adapter: Any) -> str:
+    """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked."""
+    storage = str(getattr(adapter, "kv_storage", None) or getattr(adapter, "dtype", "float64"))
+    if storage not in KV_STORAGES:
+        raise ValueError(f"kv_storage must be one of {KV_STORAGES}, got {storage!r}")
+    return storage
+
+
+def model_methods(capabilities: frozenset[str]) -> list[str]:
+    """The model methods an adapter declaring ``capabilities`` (spelled out) must have, in a stable order."""
+    if "whole_model" not in capabilities:
+        return []
+    wanted = list(MODEL_METHODS)
+    for capability, methods in SEQUENCE_OPERATIONS.items():
+        if capability in capabilities:
+            wanted += methods
+    return wanted
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """Drives one whole-model engine for the suite (capability ``whole_model``).
+
+    Positions and sequence ids are Python ints (as the suite built them, valid or not); a range ``p0, p1``
+    is ``[p0, p1)`` with ``p0 < 0`` meaning from 0 and ``p1 < 0`` meaning to the end, as llama.h says.
+    """
+
+    name: str
+    version: str
+    capabilities: frozenset[str]
+
+    def create_model(self, config: ModelConfig, weights: ModelWeights) -> Any:
+        """A model with these weights (llama.cpp: a GGUF written from them, loaded)."""
+
+    def create_context(self, model: Any, config: ContextConfig) -> Any:
+        """A new empty context of ``model``: ``config.cells`` cells, sequence ids ``0 .. max_sequences-1``,
+        one store shared by every sequence if ``config.unified``, else one per sequence."""
+
+    def context_cells(self, context: Any) -> int:
+        """The cells one store of the context really holds (an engine may round ``cells`` up; llama.cpp:
+        ``llama_n_ctx_seq``). Unified: every sequence shares them; per-sequence: each sequence has that many."""
+
+    def decode_batch(self, context: Any, batch: ModelBatch) -> np.ndarray:
+        """Compute every token of the batch into its sequence's cells, all or none; return the logits of the
+        tokens with ``batch.logits[i]`` set, ``[n_wanted, vocab]`` in batch order (any float dtype)."""
+
+    def clear(self, context: Any) -> None:
+        """Remove every cell of every sequence."""
+
+    def seq_pos_min(self, context: Any, seq: int) -> int:
+        """The smallest position held for ``seq``, -1 if it holds none."""
+
+    def seq_pos_max(self, context: Any, seq: int) -> int:
+        """The largest position held for ``seq``, -1 if it holds none."""
+
+    def can_shift(self, context: Any) -> bool:
+        """Whether positions can be shifted and divided (llama.cpp: false for M-RoPE and recurrent models)."""
+
+    def seq_remove(self, context: Any, seq: int, p0: int, p1: int) -> None:
+        """``seq_remove``: remove ``seq``'s cells at positions in the range (``seq < 0``: of every sequence)."""
+
+    def seq_copy(self, context: Any, src: int, dst: int, p0: int, p1: int) -> None:
+        """``seq_copy``: ``src``'s cells at positions in the range join ``dst`` (``model_policy`` says whether
+        they are shared and what happens to ``dst``'s own cells)."""
+
+    def seq_keep(self, context: Any, seq: int) -> None:
+        """``seq_keep``: remove every cell of every other sequence."""
+
+    def seq_shift(self, context: Any, seq: int, p0: int, p1: int, delta: int) -> None:
+        """``seq_shift``: add ``delta`` to the positions of ``seq``'s cells in the range; their keys are rotated
+        to the new positions, their values and every deeper layer stay as computed (not a recomputation)."""
+
+    def seq_divide(self, context: Any, seq: int, p0: int, p1: int, d: int) -> None:
+        """``seq_divide``: positions ``p`` in the range become ``p // d`` (``d >= 1``), keys re-rotated."""
+
+    def save_sequence(self, context: Any, seq: int) -> Any:
+        """``seq_state``: ``seq``'s cells, as bytes or any object ``load_sequence`` takes back."""
+
+    def load_sequence(self, context: Any, seq: int, state: Any) -> None:
+        """``seq_state``: ``seq`` (of this or another context of the same model) holds exactly the saved cells
+        (its own removed first); ``full`` if they do not fit."""
+
+    def error_kind(self, error: BaseException) -> str | None:
+        """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
+
+
+__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "SEQUENCE_OPERATIONS",
+           "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig", "ModelLimits",
+           "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]

@@ -1,0 +1,389 @@
+"""The whole-model oracle and its cell model (docs/spec.md §15): closed forms and invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kvcache_conformance.oracle import (
+    FLOAT64,
+    MODEL_PRESETS,
+    ContextConfig,
+    ModelBatch,
+    ModelConfig,
+    ModelWeights,
+    OracleInputError,
+    mpmath_precision,
+    numpy_precision,
+    random_model_weights,
+)
+from kvcache_conformance.oracle.model import CellContext, Model, ModelRefusal, full_model, kv_storage_of
+
+TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def context(config: ModelConfig, seed: int = 0, *, cells: int = 32, sequences: int = 3, unified: bool = True,
+            numbers=FLOAT64, **policy) -> CellContext:
+    model = Model(config, random_model_weights(config, seed), numbers=numbers)
+    return CellContext(model, ContextConfig(cells, sequences, unified), **policy)
+
+
+def decode(ctx: CellContext, seq: int, tokens: list[int], start: int | None = None) -> np.ndarray:
+    """Decode ``tokens`` into ``seq`` after what it holds; every token's logits."""
+    begin = ctx.pos_max(seq) + 1 if start is None else start
+    return ctx.decode(ModelBatch.of_sequence(seq, tokens, begin))
+
+
+def numpy_rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x) + eps) * w
+
+
+# -- the model ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-mha", "tiny-tied"])
+def test_one_token_is_the_hand_computed_forward(preset: str) -> None:
+    """At position 0 a token sees only itself: the softmax is 1 and each head's output is its kv head's
+    value, whatever the rotation; everything else is the hand-written forward."""
+    config = MODEL_PRESETS[preset]
+    weights = random_model_weights(config, 7)
+    token, dh = 5, config.head_width
+    h = weights.embedding[token].copy()
+    for layer in weights.layers:
+        v = layer.wv @ numpy_rms(h, layer.attention_norm, config.norm_eps)  # [KV*dh]
+        merged = np.concatenate([v[(q // config.group_size) * dh:(q // config.group_size + 1) * dh]
+                                 for q in range(config.heads)])
+        h = h + layer.wo @ merged
+        x = numpy_rms(h, layer.ffn_norm, config.norm_eps)
+        gate = layer.w_gate @ x
+        h = h + layer.w_down @ (gate / (1 + np.exp(-gate)) * (layer.w_up @ x))
+    head = weights.embedding if config.tied_output else weights.output
+    expected = head @ numpy_rms(h, weights.output_norm, config.norm_eps)
+    np.testing.assert_allclose(full_model([token], config, weights)[0], expected, rtol=0, atol=1e-12)
+
+
+def test_a_tied_head_is_the_untied_head_holding_the_embedding() -> None:
+    untied = MODEL_PRESETS["tiny"]
+    weights = random_model_weights(untied, 2)
+    tied = dataclasses.replace(untied, tied_output=True)
+    as_tied = dataclasses.replace(weights, output=None)
+    as_untied = dataclasses.replace(weights, output=weights.embedding.copy())
+    np.testing.assert_array_equal(full_model(TOKENS, tied, as_tied), full_model(TOKENS, untied, as_untied))
+
+
+def test_gqa_equals_mha_with_each_kv_head_repeated() -> None:
+    gqa = ModelConfig(heads=4, kv_heads=2, head_width=4)
+    mha = dataclasses.replace(gqa, kv_heads=4)
+    weights = random_model_weights(gqa, 4)
+
+    def repeated(matrix: np.ndarray) -> np.ndarray:  # kv head g -> query heads 2g, 2g+1
+        heads = matrix.reshape(gqa.kv_heads, gqa.head_width, -1)
+        return np.repeat(heads, gqa.group_size, axis=0).reshape(mha.kv_heads * gqa.head_width, -1)
+
+    layers = tuple(dataclasses.replace(layer, wk=repeated(layer.wk), wv=repeated(layer.wv))
+                   for layer in weights.layers)
+    np.testing.assert_allclose(full_model(TOKENS, gqa, weights),
+                               full_model(TOKENS, mha, dataclasses.replace(weights, layers=layers)),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-half-split", "tiny-window3", "tiny-tied"])
+def test_float64_and_mpmath_agree(preset: str) -> None:
+    config = MODEL_PRESETS[preset]
+    weights = random_model_weights(config, 5)
+    exact = full_model(TOKENS, config, weights, numbers=mpmath_precision(40))
+    np.testing.assert_allclose(full_model(TOKENS, config, weights), exact, rtol=0, atol=1e-12)
+
+
+def test_the_pairings_differ_and_the_window_matters() -> None:
+    """Neither field is ignored: changing it changes the logits."""
+    config = MODEL_PRESETS["tiny"]
+    weights = random_model_weights(config, 6)
+    base = full_model(TOKENS, config, weights)
+    for changed in (dataclasses.replace(config, rope_style="half_split"), dataclasses.replace(config, window=2),
+                    dataclasses.replace(config, rope_base=100.0)):
+        assert np.abs(full_model(TOKENS, changed, weights) - base).max() > 1e-6
+
+
+def test_a_sliding_window_sees_only_the_last_w_positions() -> None:
+    """One layer: the last token's logits are those of the window alone, placed at the same positions."""
+    config = dataclasses.replace(MODEL_PRESETS["tiny-window3"], layers=1)
+    ctx = context(config)
+    whole = decode(ctx, 0, TOKENS)
+    window = decode(ctx, 1, TOKENS[-3:], start=len(TOKENS) - 3)
+    np.testing.assert_allclose(whole[-1], window[-1], rtol=0, atol=1e-12)
+
+
+def test_incremental_decoding_equals_the_full_forward() -> None:
+    config = MODEL_PRESETS["tiny-half-split"]
+    ctx = context(config)
+    steps = np.vstack([decode(ctx, 0, [t]) for t in TOKENS])
+    np.testing.assert_allclose(steps, full_model(TOKENS, config, ctx.model.weights), rtol=0, atol=1e-12)
+
+
+def test_the_low_precision_baseline_is_near_and_not_exact() -> None:
+    config = MODEL_PRESETS["tiny"]
+    weights = random_model_weights(config, 8)
+    exact = full_model(TOKENS, config, weights)
+    for numbers, storage in ((FLOAT64, "float16"), (numpy_precision("float32"), "float32"),
+                             (numpy_precision("float32"), "float16"), (FLOAT64, "bfloat16")):
+        error = np.abs(full_model(TOKENS, config, weights, numbers=numbers,
+                                  kv_storage=kv_storage_of(storage, numbers)) - exact).max()
+        assert 0 < error < 0.05, (numbers.name, storage, error)
+    assert kv_storage_of("float64", FLOAT64) is None
+    with pytest.raises(OracleInputError):
+        kv_storage_of("q8_0", FLOAT64)
+
+
+# -- the cell model ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_the_same_history_in_two_sequences_gives_the_same_logits(unified: bool) -> None:
+    ctx = context(MODEL_PRESETS["tiny"], unified=unified, cells=48)
+    np.testing.assert_array_equal(decode(ctx, 0, TOKENS), decode(ctx, 2, TOKENS))
+    np.testing.assert_array_equal(decode(ctx, 0, [7]), decode(ctx, 2, [7]))
+
+
+def test_a_batch_mixing_sequences_equals_them_one_by_one() -> None:
+    config = MODEL_PRESETS["tiny"]
+    one, mixed = context(config), context(config)
+    first, second = decode(one, 0, TOKENS[:3]), decode(one, 1, TOKENS[3:])
+    batch = ModelBatch((*TOKENS[:3], *TOKENS[3:]), (0, 1, 2, 0, 1, 2, 3, 4), (0,) * 3 + (1,) * 5, (True,) * 8)
+    interleaved = [0, 3, 1, 4, 2, 5, 6, 7]  # the same tokens, the sequences alternating
+    shuffled = ModelBatch(*(tuple(field[i] for i in interleaved) for field in
+                            (batch.tokens, batch.positions, batch.sequences, batch.logits)))
+    np.testing.assert_allclose(mixed.decode(shuffled), np.vstack([first, second])[interleaved], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("unified", [True, False])
+def test_copy_then_decode_equals_decoding_the_history_twice(unified: bool, shared: bool) -> None:
+    config = MODEL_PRESETS["tiny"]
+    copied, twice = context(config, unified=unified, shared_copies=shared), context(config, unified=unified)
+    decode(copied, 0, TOKENS[:5])
+    copied.copy(0, 1, -1, -1)
+    decode(twice, 0, TOKENS[:5])
+    decode(twice, 1, TOKENS[:5])
+    for seq in (1, 0):
+        np.testing.assert_allclose(decode(copied, seq, TOKENS[5:]), decode(twice, seq, TOKENS[5:]), rtol=0, atol=0)
+
+
+def test_a_range_copy_gives_the_range_only() -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS)
+    ctx.copy(0, 1, 2, 5)
+    assert (ctx.pos_min(1), ctx.pos_max(1)) == (2, 4)
+    ctx.copy(0, 2, -1, 3)  # p0 < 0: from 0
+    assert (ctx.pos_min(2), ctx.pos_max(2)) == (0, 2)
+
+
+@pytest.mark.parametrize("into_nonempty", ["merge", "replace"])
+def test_a_copy_into_a_non_empty_sequence_merges_or_replaces(into_nonempty: str) -> None:
+    ctx = context(MODEL_PRESETS["tiny"], copy_into_nonempty=into_nonempty)
+    decode(ctx, 0, TOKENS[:4])
+    decode(ctx, 1, TOKENS[4:], start=10)
+    ctx.copy(0, 1, -1, -1)
+    positions = sorted(cell.position for cell in ctx.cells_of(1))
+    assert positions == ([0, 1, 2, 3, 10, 11, 12, 13] if into_nonempty == "merge" else [0, 1, 2, 3])
+
+
+def test_whole_only_copies_refuse_a_range_as_outside_the_declaration() -> None:
+    ctx = context(MODEL_PRESETS["tiny"], copy_into_nonempty="whole_only")
+    decode(ctx, 0, TOKENS)
+    with pytest.raises(OracleInputError):
+        ctx.copy(0, 1, 0, 3)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_copies_move_together_duplicates_do_not(shared: bool) -> None:
+    ctx = context(MODEL_PRESETS["tiny"], shared_copies=shared)
+    decode(ctx, 0, TOKENS[:4])
+    ctx.copy(0, 1, -1, -1)
+    ctx.shift(0, -1, -1, 5)
+    assert ctx.pos_max(0) == 8
+    assert ctx.pos_max(1) == (8 if shared else 3)
+    assert len(ctx.stores[0]) == (4 if shared else 8)  # a shared copy takes no room
+
+
+def test_a_whole_shift_and_back_is_the_identity_on_logits() -> None:
+    config = MODEL_PRESETS["tiny-half-split"]
+    moved, still = context(config), context(config)
+    for ctx in (moved, still):
+        decode(ctx, 0, TOKENS[:5])
+    moved.shift(0, -1, -1, 7)
+    moved.shift(0, -1, -1, -7)
+    np.testing.assert_allclose(decode(moved, 0, TOKENS[5:]), decode(still, 0, TOKENS[5:]), rtol=0, atol=1e-12)
+
+
+def test_a_whole_shift_changes_nothing_relative() -> None:
+    """RoPE scores depend on position differences only: every cell and the query moved alike."""
+    config = MODEL_PRESETS["tiny"]
+    moved, still = context(config), context(config)
+    for ctx in (moved, still):
+        decode(ctx, 0, TOKENS[:5])
+    moved.shift(0, -1, -1, 9)
+    np.testing.assert_allclose(decode(moved, 0, [6]), decode(still, 0, [6]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_shift_is_not_a_recomputation(layers: int) -> None:
+    """Opening a gap by a shift and by removing the tokens that filled it: with one layer the cells are the
+    same (a layer-0 key and value depend on the token alone); with two, the deeper layers of the shifted
+    cells keep the context they were computed with, which the removed tokens were part of on the other side."""
+    config = dataclasses.replace(MODEL_PRESETS["tiny"], layers=layers)
+    shifted, removed = context(config), context(config)
+    decode(shifted, 0, [3, 1, 4, 1])  # 3@0 1@1 4@2 1@3 ...
+    shifted.shift(0, 2, -1, 2)  # ... 3@0 1@1 4@4 1@5
+    decode(removed, 0, [3, 1, 8, 8, 4, 1])  # 8 and 8 at 2, 3 are seen by 4@4 and 1@5 in every layer
+    removed.remove(0, 2, 4)
+    difference = np.abs(decode(shifted, 0, [5]) - decode(removed, 0, [5])).max()
+    assert (difference < 1e-12) if layers == 1 else (difference > 1e-6)
+
+
+def test_divide_integer_divides_positions() -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS)  # positions 0..7
+    ctx.divide(0, 4, -1, 2)  # 4..7 -> 2, 2, 3, 3
+    assert sorted(cell.position for cell in ctx.cells_of(0)) == [0, 1, 2, 2, 2, 3, 3, 3]
+    ctx.divide(0, -1, -1, 1)
+    assert sorted(cell.position for cell in ctx.cells_of(0)) == [0, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_a_shift_below_zero_frees_the_cell() -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS[:4])
+    ctx.shift(0, -1, -1, -2)
+    assert (ctx.pos_min(0), ctx.pos_max(0), len(ctx.stores[0])) == (0, 1, 2)
+
+
+def test_remove_ranges_keep_and_clear() -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS)
+    decode(ctx, 1, TOKENS[:3])
+    ctx.remove(0, 2, 4)  # the middle
+    assert sorted(c.position for c in ctx.cells_of(0)) == [0, 1, 4, 5, 6, 7]
+    ctx.remove(0, 6, -1)  # p1 < 0: to the end
+    ctx.remove(0, -1, 1)  # p0 < 0: from 0
+    assert sorted(c.position for c in ctx.cells_of(0)) == [1, 4, 5]
+    ctx.remove(-1, 5, -1)  # seq < 0: every sequence
+    assert sorted(c.position for c in ctx.cells_of(0)) == [1, 4] and ctx.pos_max(1) == 2
+    ctx.keep(1)
+    assert ctx.pos_max(0) == -1 and ctx.pos_min(0) == -1 and ctx.pos_max(1) == 2
+    ctx.clear()
+    assert ctx.pos_max(1) == -1 and not ctx.stores[0]
+
+
+def test_removing_one_sharer_keeps_the_cell_for_the_other() -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS[:4])
+    ctx.copy(0, 1, -1, -1)
+    ctx.remove(0, -1, -1)
+    assert ctx.pos_max(0) == -1 and ctx.pos_max(1) == 3 and len(ctx.stores[0]) == 4
+
+
+@pytest.mark.parametrize("where", ["same", "other", "fresh"])
+def test_save_and_load_restore_the_next_logits(where: str) -> None:
+    config = MODEL_PRESETS["tiny"]
+    ctx = context(config)
+    decode(ctx, 0, TOKENS[:5])
+    ctx.shift(0, 3, -1, 2)  # a shifted state saves as it is
+    saved = ctx.save(0)
+    reference = context(config)
+    decode(reference, 0, TOKENS[:5])
+    reference.shift(0, 3, -1, 2)
+    expected = decode(reference, 0, TOKENS[5:])
+    if where == "same":
+        decode(ctx, 0, [2, 2])  # changed after the save
+        target, seq = ctx, 0
+    elif where == "other":
+        target, seq = ctx, 2
+    else:
+        target, seq = CellContext(ctx.model, ContextConfig(48, 3, False)), 1
+    target.load(seq, saved)
+    np.testing.assert_array_equal(decode(target, seq, TOKENS[5:]), expected)
+
+
+# -- refusals: the kind due, and nothing changed -----------------------------------------------------------------
+
+def snapshot(ctx: CellContext) -> list[list[tuple]]:
+    return [[(c.position, c.token, tuple(sorted(c.sequences))) for c in store] for store in ctx.stores]
+
+
+@pytest.mark.parametrize("batch, why", [
+    (ModelBatch((), (), (), ()), "empty"),
+    (ModelBatch((16,), (5,), (0,), (True,)), "token past the vocabulary"),
+    (ModelBatch((-1,), (5,), (0,), (True,)), "negative token"),
+    (ModelBatch((1.0,), (5,), (0,), (True,)), "a float token"),
+    (ModelBatch((1,), (6,), (0,), (True,)), "a gap after position 4"),
+    (ModelBatch((1,), (4,), (0,), (True,)), "a repeated position"),
+    (ModelBatch((1, 2), (5, 7), (0, 0), (True, True)), "a gap inside the batch"),
+    (ModelBatch((1,), (0,), (3,), (True,)), "sequence past max_sequences"),
+    (ModelBatch((1,), (0,), (True,), (True,)), "a bool sequence"),
+    (ModelBatch((1,), (-1,), (1,), (True,)), "a negative position"),
+])
+def test_a_malformed_batch_is_refused_and_changes_nothing(batch: ModelBatch, why: str) -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS[:5])
+    before = snapshot(ctx)
+    with pytest.raises(ModelRefusal) as refusal:
+        ctx.decode(batch)
+    assert refusal.value.kind == "malformed_batch", why
+    assert snapshot(ctx) == before
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_no_room_is_full_and_changes_nothing(unified: bool) -> None:
+    ctx = context(MODEL_PRESETS["tiny"], cells=8, sequences=2, unified=unified)
+    decode(ctx, 0, TOKENS[:3])
+    fits = 5 if unified else 1  # unified: 8 cells shared; per sequence: 4 each
+    before = snapshot(ctx)
+    with pytest.raises(ModelRefusal) as refusal:
+        decode(ctx, 0, TOKENS[:fits + 1])
+    assert refusal.value.kind == "full" and snapshot(ctx) == before
+    decode(ctx, 0, TOKENS[:fits])
+    if not unified:
+        decode(ctx, 1, TOKENS[:4])  # the other sequence's store is its own
+
+
+def test_a_load_or_duplicating_copy_without_room_is_full_and_changes_nothing() -> None:
+    ctx = context(MODEL_PRESETS["tiny"], cells=8, sequences=2, shared_copies=False)
+    decode(ctx, 0, TOKENS[:5])
+    saved, before = ctx.save(0), snapshot(ctx)
+    for call in (lambda: ctx.copy(0, 1, -1, -1), lambda: ctx.load(1, saved)):
+        with pytest.raises(ModelRefusal) as refusal:
+            call()
+        assert refusal.value.kind == "full" and snapshot(ctx) == before
+    ctx.load(0, saved)  # its own cells are freed first: room enough
+    assert snapshot(ctx) == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda ctx: ctx.remove(3, -1, -1), lambda ctx: ctx.copy(0, 3, -1, -1), lambda ctx: ctx.copy(-1, 1, -1, -1),
+    lambda ctx: ctx.keep(-1), lambda ctx: ctx.shift(5, -1, -1, 1), lambda ctx: ctx.divide(0, -1, -1, 0),
+    lambda ctx: ctx.divide(0, -1, -1, -2), lambda ctx: ctx.save(3), lambda ctx: ctx.shift(0, -1, -1, 1.5),
+], ids=["remove", "copy-dst", "copy-src", "keep", "shift", "divide-0", "divide-negative", "save", "shift-float"])
+def test_an_operation_out_of_range_is_refused_and_changes_nothing(call) -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    decode(ctx, 0, TOKENS[:5])
+    before = snapshot(ctx)
+    with pytest.raises(ModelRefusal) as refusal:
+        call(ctx)
+    assert refusal.value.kind == "refused" and snapshot(ctx) == before
+
+
+def test_bad_configurations_are_oracle_input_errors() -> None:
+    for bad in (dict(heads=3, kv_heads=2), dict(head_width=3), dict(norm_eps=0.0), dict(window=0),
+                dict(rope_style="neox"), dict(tied_output=1)):
+        with pytest.raises(OracleInputError):
+            ModelConfig(**bad)
+    config = MODEL_PRESETS["tiny"]
+    weights = random_model_weights(config, 1)
+    with pytest.raises(OracleInputError):
+        weights.check(dataclasses.replace(config, tied_output=True))
+    with pytest.raises(OracleInputError):
+        ModelWeights(weights.embedding[:, :4], weights.layers, weights.output_norm, weights.output).check(config)
+    with pytest.raises(OracleInputError):
+        ContextConfig(cells=1, max_sequences=2, unified=False)
+    with pytest.raises(OracleInputError):
+        ModelBatch((1, 2), (0,), (0, 0), (True, True))

@@ -1,0 +1,178 @@
+"""The reference whole model (impl.model) against the oracle's cell model: random programs of every
+operation, compared after every step -- logits at 1e-12, positions exactly, refusals by kind and as
+changing nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from impl import errors
+from impl.model import LlamaModel, ModelContext
+from impl.model_conformance import ModelReferenceAdapter, make_model_adapter
+from kvcache_conformance.oracle import MODEL_PRESETS, ContextConfig, ModelBatch, ModelConfig, random_model_weights
+from kvcache_conformance.oracle.model import CellContext, Model, ModelRefusal
+from kvcache_conformance.protocol import ModelAdapter
+from kvcache_conformance.protocol.declarations import required_methods
+from kvcache_conformance.protocol.kinds import declared
+
+SEQUENCES = 3
+
+
+class Pair:
+    """The oracle's context and the reference's, driven alike."""
+
+    def __init__(self, config: ModelConfig, seed: int, context: ContextConfig, **policy: Any) -> None:
+        weights = random_model_weights(config, seed)
+        self.config = config
+        self.oracle = CellContext(Model(config, weights), context, **policy)
+        self.adapter = ModelReferenceAdapter()
+        self.adapter.model_policy = {**ModelReferenceAdapter.model_policy, "shared_copies":
+                                     policy.get("shared_copies", True),
+                                     "copy_unified": policy.get("copy_into_nonempty", "merge"),
+                                     "copy_per_sequence": policy.get("copy_into_nonempty", "merge")}
+        self.impl = self.adapter.create_context(self.adapter.create_model(config, weights), context)
+        self.saved: list[tuple[Any, Any]] = []
+
+    def positions(self) -> list[tuple[int, int]]:
+        return [(self.adapter.seq_pos_min(self.impl, s), self.adapter.seq_pos_max(self.impl, s))
+                for s in range(SEQUENCES)]
+
+    def both(self, oracle_call: Callable[[CellContext], Any], impl_call: Callable[[Any], Any]) -> Any:
+        """Run a call on both sides: the same refusal kind (the impl unchanged), or both results."""
+        try:
+            expected = oracle_call(self.oracle)
+        except ModelRefusal as refusal:
+            before = self.positions()
+            with pytest.raises(errors.KvCacheError) as raised:
+                impl_call(self.impl)
+            assert self.adapter.error_kind(raised.value) == refusal.kind, (refusal, raised.value)
+            assert self.positions() == before
+            return None
+        return expected, impl_call(self.impl)
+
+    def check_positions(self) -> None:
+        assert self.positions() == [(self.oracle.pos_min(s), self.oracle.pos_max(s)) for s in range(SEQUENCES)]
+
+
+def random_step(pair: Pair, rng: np.random.Generator) -> None:
+    """One random operation on both sides, valid or not; the logits of a decode compared."""
+    oracle, adapter = pair.oracle, pair.adapter
+    seq = int(rng.integers(0, SEQUENCES))
+    roll = rng.random()
+
+    def a_range() -> tuple[int, int]:
+        p0, p1 = (int(v) for v in rng.integers(-1, 10, 2))
+        return p0, p1
+
+    if roll < 0.4:  # a batch of one or two sequences, sometimes malformed
+        tokens, positions, sequences = [], [], []
+        for s in {seq, int(rng.integers(0, SEQUENCES))}:
+            start = oracle.pos_max(s) + 1 if oracle.pos_max(s) >= 0 else int(rng.integers(0, 4))
+            count = int(rng.integers(1, 4))
+            if start + count >= 60:
+                continue
+            tokens += [int(t) for t in rng.integers(0, pair.config.vocab, count)]
+            positions += list(range(start, start + count))
+            sequences += [s] * count
+        if rng.random() < 0.15 and tokens:  # malformed: a token, a position or a sequence out of place
+            which = int(rng.integers(0, 3))
+            index = int(rng.integers(0, len(tokens)))
+            [tokens, positions, sequences][which][index] += [pair.config.vocab, 3, SEQUENCES][which]
+        wants = tuple(bool(w) for w in rng.integers(0, 2, len(tokens)))
+        batch = ModelBatch(tuple(tokens), tuple(positions), tuple(sequences), wants)
+        result = pair.both(lambda o: o.decode(batch), lambda i: adapter.decode_batch(i, batch))
+        if result is not None:
+            expected, got = result
+            assert got.shape == expected.shape
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    elif roll < 0.5:
+        p0, p1 = a_range()
+        target = -1 if rng.random() < 0.2 else seq
+        pair.both(lambda o: o.remove(target, p0, p1), lambda i: adapter.seq_remove(i, target, p0, p1))
+    elif roll < 0.62:
+        dst = int(rng.integers(0, SEQUENCES + (1 if rng.random() < 0.1 else 0)))
+        p0, p1 = (-1, -1) if rng.random() < 0.5 or oracle.copy_into_nonempty == "whole_only" else a_range()
+        pair.both(lambda o: o.copy(seq, dst, p0, p1), lambda i: adapter.seq_copy(i, seq, dst, p0, p1))
+    elif roll < 0.66:
+        pair.both(lambda o: o.keep(seq), lambda i: adapter.seq_keep(i, seq))
+    elif roll < 0.78:
+        p0, p1 = a_range()
+        delta = int(rng.integers(-4, 5))
+        if oracle.pos_max(seq) + delta < 56:
+            pair.both(lambda o: o.shift(seq, p0, p1, delta), lambda i: adapter.seq_shift(i, seq, p0, p1, delta))
+    elif roll < 0.85:
+        p0, p1 = a_range()
+        d = int(rng.integers(0, 4))
+        pair.both(lambda o: o.divide(seq, p0, p1, d), lambda i: adapter.seq_divide(i, seq, p0, p1, d))
+    elif roll < 0.92:
+        result = pair.both(lambda o: o.save(seq), lambda i: adapter.save_sequence(i, seq))
+        if result is not None:
+            pair.saved.append(result)
+    elif roll < 0.98 and pair.saved:
+        saved = pair.saved[int(rng.integers(0, len(pair.saved)))]
+        pair.both(lambda o: o.load(seq, saved[0]), lambda i: adapter.load_sequence(i, seq, saved[1]))
+    else:
+        pair.both(lambda o: o.clear(), lambda i: adapter.clear(i))
+    pair.check_positions()
+
+
+CASES = [  # preset, context, policy
+    ("tiny", ContextConfig(24, SEQUENCES, True), {}),
+    ("tiny-half-split", ContextConfig(24, SEQUENCES, False), {}),
+    ("tiny-window3", ContextConfig(12, SEQUENCES, True), {"shared_copies": False}),
+    ("tiny-tied", ContextConfig(30, SEQUENCES, False), {"copy_into_nonempty": "replace"}),
+    ("tiny-mha", ContextConfig(18, SEQUENCES, True), {"copy_into_nonempty": "replace"}),
+    ("tiny", ContextConfig(18, SEQUENCES, False), {"copy_into_nonempty": "whole_only"}),
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_reference_agrees_with_the_oracle_on_random_programs(case: int, seed: int) -> None:
+    preset, context, policy = CASES[case]
+    pair = Pair(MODEL_PRESETS[preset], seed, context, **policy)
+    rng = np.random.default_rng(1000 * case + seed)
+    for _ in range(40):
+        random_step(pair, rng)
+
+
+def test_a_shift_re_rotates_the_stored_keys_and_back() -> None:
+    """The reference stores keys rotated (as llama.cpp does); shifting there and back leaves them within
+    rounding of what they were."""
+    config = MODEL_PRESETS["tiny"]
+    context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True)
+    context.decode([1, 2, 3, 4], [0, 1, 2, 3], [0] * 4, [True] * 4)
+    before = context.keys.copy()
+    context.shift(0, 1, -1, 5)
+    assert np.abs(context.keys - before).max() > 1e-3
+    context.shift(0, 6, -1, -5)
+    np.testing.assert_allclose(context.keys, before, rtol=0, atol=1e-14)
+
+
+def test_the_adapter_has_what_it_declares() -> None:
+    adapter = make_model_adapter()
+    assert isinstance(adapter, ModelAdapter)
+    for method in required_methods(declared(adapter.capabilities), layer_caches=False):
+        assert callable(getattr(adapter, method)), method
+
+
+def test_bad_models_and_contexts_are_typed_errors() -> None:
+    config = MODEL_PRESETS["tiny"]
+    weights = random_model_weights(config, 1)
+    with pytest.raises(errors.InvalidModelConfig):
+        LlamaModel(config, dataclasses.replace(weights, output=None))
+    with pytest.raises(errors.InvalidModelConfig):
+        LlamaModel(config, dataclasses.replace(weights, layers=weights.layers[:1]))
+    with pytest.raises(errors.InvalidModelConfig):
+        LlamaModel(object(), weights)
+    model = LlamaModel(config, weights)
+    for cells, sequences, unified in ((0, 1, True), (1, 2, False), (4, True, True)):
+        with pytest.raises(errors.InvalidModelConfig):
+            ModelContext(model, cells, sequences, unified)
+    with pytest.raises(errors.InvalidModelConfig):
+        ModelContext(model, 4, 1, True, copy_into_nonempty="swap")
