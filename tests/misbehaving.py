@@ -6,6 +6,9 @@ a two-step program, and so the verdict must name a step, not set-up.
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import os
 import time
 from typing import Any
 
@@ -89,3 +92,40 @@ class ResetKeepsTheLength(_Misbehaving):
     def reset(self, cache: Any) -> None:
         if not self._holds_rows(cache):
             super().reset(cache)
+
+
+# -- engines that kill their process: run them only under protocol.isolation.isolated (tests/test_isolation.py) --
+
+class Aborts(_Misbehaving):
+    """A C assertion's way out: SIGABRT, with a message on stderr first."""
+
+    name = "misbehaving-aborts"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        if self._holds_rows(cache):
+            os.write(2, b"cache.c:42: GGML_ASSERT(n_rows < capacity) failed\n")
+            os.abort()
+        return super().step(layer, cache, x)
+
+
+class Segfaults(_Misbehaving):
+    name = "misbehaving-segfaults"
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        if self._holds_rows(cache):
+            faulthandler.disable()  # the crash itself, not Python's report of it
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        return super().step(layer, cache, x)
+
+
+class ExitsOnTheThirdStep(ReferenceAdapter):
+    """Dies by ``exit(3)`` (no signal) on its third ``step`` call, whatever the cache holds."""
+
+    name = "misbehaving-exits"
+    steps = 0
+
+    def step(self, layer: Any, cache: Any, x: np.ndarray) -> np.ndarray:
+        self.steps += 1
+        if self.steps == 3:
+            os._exit(3)
+        return super().step(layer, cache, x)

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..generate.layouts import same_layout_copy
+from ..protocol.isolation import EngineDied, EngineHung
 from ..protocol.kinds import ErrorKind
 from ..traces.codec import encode  # the canonical form: arrays by dtype, shape, layout and exact values
 from .failures import NonConformance
 
 CALL_TIMEOUT = 60.0  # seconds per adapter call; the plugin sets --kv-call-timeout
+CRASH = "crash"  # the failure kind of an isolated engine whose process died in a call
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,10 @@ def run(what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> O
         outcome = Outcome(value=action())
     except Exception as error:
         outcome = Outcome(error=error)
+    except EngineDied as died:  # an isolated engine's death (protocol/isolation.py): shrunk like any failure
+        raise NonConformance(f"{what}: {died}", kind=CRASH, check=died.cause) from died
+    except EngineHung as hung:  # its own time limit: reported as the suite's is, unshrunk
+        raise AdapterHung(what, hung.seconds) from hung
     finally:
         _disarm(armed)
     if inputs is not None:

@@ -10,7 +10,8 @@ capabilities are plain strings. The parts:
 - ``paged``: ``PagedCacheAdapter`` and its declared ``PagedPolicy``;
 - ``model``: ``ModelAdapter`` (whole models over sequences), its ``ModelPolicy`` and ``ModelLimits``;
 - ``declarations``: the methods a declaration obliges, ``layer_limits``,
-  the precision and storage declarations, and what contradicts what.
+  the precision and storage declarations, and what contradicts what;
+- ``isolation``: ``isolated``, an adapter running another in a child process.
 
 See docs/adapters.md for a minimal complete example.
 """
