@@ -30,7 +30,7 @@ import pytest
 from hypothesis import settings
 
 from ..judge import calls
-from ..judge.failures import check_of, is_suite_error, kind_of
+from ..judge.failures import SuiteError, check_of, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
@@ -221,8 +221,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             item.user_properties.append(("kv_failure_kind", kind_of(call.excinfo.value)))
             item.user_properties.append(("kv_failure_check", check_of(call.excinfo.value)))
             report.user_properties = list(item.user_properties)
-    if report.when == "call" and call.excinfo is not None and is_suite_error(call.excinfo.value) and not \
-            isinstance(call.excinfo.value, (pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt)):
+    if report.when == "call" and call.excinfo is not None and isinstance(call.excinfo.value, SuiteError):
         item.user_properties.append(("kv_suite_error", True))  # the report's outcome "suite error"
         report.user_properties = list(item.user_properties)
     described = getattr(item, "hypothesis_statistics", None)
