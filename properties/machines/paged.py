@@ -214,6 +214,8 @@ class PagedCacheMachine(ConformanceMachine):
                                    hit, evicted, same_content)
         if problem:
             raise NonConformance(f"{what}: {problem}", kind="eviction against the declared policy")
+        if evicted:
+            self.exercised("eviction")
         for block in evicted:
             identity = self.content.pop(block)
             self.registered[identity].remove(block)
@@ -233,6 +235,8 @@ class PagedCacheMachine(ConformanceMachine):
                 # A block is registered when it becomes full, unless its content is registered already: then it
                 # stays a private duplicate, or is replaced by the registered block -- or, as declared, is
                 # registered too (several blocks per identity).
+                if index >= self.live[sequence].settled and block not in self.content and key in self.registered:
+                    self.exercised("duplicate")  # a block filled with content registered already
                 if index >= self.live[sequence].settled and block not in self.content and (
                         key not in self.registered or self.policy.duplicates == "registered"):
                     self.registered.setdefault(key, []).append(block)
@@ -290,6 +294,7 @@ class PagedCacheMachine(ConformanceMachine):
         worst = {next((b for b in blocks if b in cached), blocks[0]) for blocks in candidates}
         best = {next((b for b in blocks if b not in cached), blocks[0]) for blocks in candidates}
         if not fits(needed, before.free, cached, best):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return None
         due = VALID if fits(needed, before.free, cached, worst) else Due(may_refuse=ErrorKind.FULL)
@@ -326,6 +331,10 @@ class PagedCacheMachine(ConformanceMachine):
             raise NonConformance(f"{what}: its table starts {list(table[:len(hit)])}, but must reuse the registered "
                                  f"blocks {shown}", kind="reuse differs from the rules")
         self._settle(after, before, needed, what, set(table[:len(hit)]))
+        if hit:
+            self.exercised("prefix hit")
+        if fork_of is not None:
+            self.exercised("fork")
         return sequence
 
     def _append(self, sequence: Hashable, tokens: list[int]) -> None:
@@ -347,8 +356,11 @@ class PagedCacheMachine(ConformanceMachine):
             self._rejected(what, ErrorKind.REVISION_MISMATCH, Capability.BINDING_CHECKS.value, action, handed)
             return
         if not fits(needed, before.free, set(before.cached), set()):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return
+        if shared and length % self.block_size:
+            self.exercised("append into a shared block")
         reference = self._oracle(live.weights, live.tokens + tokens)
         wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[length:])
         logits = self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value
@@ -379,9 +391,11 @@ class PagedCacheMachine(ConformanceMachine):
             return self.adapter.paged_fork(self.pool, sequence)
 
         if not fits(needed, before.free, set(before.cached), set()):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, Inputs())
             return None
         child = self.call(what, action).value
+        self.exercised("fork")
         if not isinstance(child, Hashable) or child in self.live:
             raise NonConformance(f"{what}: returned sequence id {child!r}, which is not a new hashable id",
                                  kind="malformed result")

@@ -28,12 +28,13 @@ import pytest
 from hypothesis import settings
 
 from ..judge.tolerance import Judge
-from . import selection
+from . import exercise, selection
 from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
-REPORT_VERSION = 2  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
+REPORT_VERSION = 3  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes; 3:
+# exercise, suite_checks (the summary counts only verdicts about the implementation)
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "unfinished", "not run")
 _FINISHED = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
@@ -137,6 +138,8 @@ class ConformanceReport:
         adapter = selection.selected()
         current = settings.default
         entries = self._entries()
+        verdicts = [e for e in entries if not e.get("suite_check")]  # the suite's self-checks are no verdict
+        checks = [e for e in entries if e.get("suite_check")]
         return {
             "format": REPORT_FORMAT,
             "format_version": REPORT_VERSION,
@@ -152,7 +155,9 @@ class ConformanceReport:
             "oracle": selection.oracle_name(),
             "rule": Judge.for_adapter(adapter, selection.oracle_numbers()).rule,
             "known_failures": str(self.known_failures) if self.known_failures else None,
-            "summary": {o: sum(1 for e in entries if e["outcome"] == o) for o in OUTCOMES},
+            "summary": {o: sum(1 for e in verdicts if e["outcome"] == o) for o in OUTCOMES},
+            "suite_checks": {o: sum(1 for e in checks if e["outcome"] == o) for o in OUTCOMES},
+            "exercise": exercise.summary(verdicts, adapter.capabilities),
             "causes": causes(entries),
             "traces": sorted({e["trace"] for e in entries if e.get("trace")}),
             "properties": entries,
@@ -253,6 +258,7 @@ def markdown(document: dict[str, Any]) -> str:
         f"{profile['stateful_step_count']} steps{', derandomized' if profile['derandomize'] else ''}",
         *([f"- known failures: `{document['known_failures']}`"] if document["known_failures"] else []),
         f"- {', '.join(counted)}",
+        *_suite_checks(document),
         "",
     ]
     if document["causes"]:
@@ -264,6 +270,7 @@ def markdown(document: dict[str, Any]) -> str:
             lines.append(f"| `{cause['property']}` | {_cell(cause['rule'] or '')} | {_cell(cause['kind'])} | "
                          f"{_cell(cause.get('check') or '')} | {cause['failed']} | {cause['known']} | {first} |")
         lines.append("")
+    lines += exercise.markdown(document.get("exercise") or {})
     lines += ["## Properties", "",
               "| property | result | runs | worst error / tolerance | trace or reason |",
               "|---|---|---|---|---|"]
@@ -276,6 +283,14 @@ def markdown(document: dict[str, Any]) -> str:
         if entry.get("rules_left_out"):
             parts.append("rules left out: " + "; ".join(f"`{rule}` ({_cell(why)})"
                                                          for rule, why in entry["rules_left_out"].items()))
-        lines.append(f"| `{entry['property']}` | {entry['outcome']} | {entry.get('runs', '')} | {error} | "
+        outcome = f"{entry['outcome']} (suite check)" if entry.get("suite_check") else entry["outcome"]
+        lines.append(f"| `{entry['property']}` | {outcome} | {entry.get('runs', '')} | {error} | "
                      f"{' -- '.join(parts)} |")
     return "\n".join(lines) + "\n"
+
+
+def _suite_checks(document: dict[str, Any]) -> list[str]:
+    """The line for the properties that check only the suite (its oracle against mpmath): counted apart."""
+    checks = document.get("suite_checks") or {}
+    counted = [f"{checks[o]} {o}" for o in OUTCOMES if checks.get(o)]
+    return [f"- the suite's own checks (no adapter code; not counted above): {', '.join(counted)}"] if counted else []
