@@ -13,6 +13,7 @@ property is a suite bug (``kind_of``).
 
 from __future__ import annotations
 
+import unittest
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,8 @@ def kind_of(error: BaseException) -> str:
 
 def is_suite_error(error: BaseException) -> bool:
     """Whether ``error`` is a bug of the suite (not a non-conformance, nor a flaky or misused run)."""
-    return isinstance(error, Exception) and not isinstance(error, (NonConformance, Flaky)) and \
+    # SkipTest: Hypothesis's own word that it ran nothing (no example to replay): a skip, not an error
+    return isinstance(error, Exception) and not isinstance(error, (NonConformance, Flaky, unittest.SkipTest)) and \
         type(error).__name__ != "UsageError"
 
 
