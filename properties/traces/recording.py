@@ -207,8 +207,9 @@ def _setting_aside(function: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return function(machine, **arguments)
         except NonConformance as error:
-            if machine.set_aside and cause_of(error) in machine.set_aside:
-                machine.met_again.append((cause_of(error), machine.tape.steps[-1].rule if machine.tape.steps
+            cause = cause_of(error) if machine.set_aside else None
+            if cause in machine.set_aside:
+                machine.met_again.append((cause, machine.tape.steps[-1].rule if machine.tape.steps
                                           else function.__name__))
                 reject()
             raise
