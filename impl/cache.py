@@ -55,7 +55,7 @@ class LayerKvCache:
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
                  storage: StorageRule | None = None, truncates_until_full: bool = False,
-                 keeps_every_row: bool = False, sinks: int = 0) -> None:
+                 keeps_every_row: bool = False, sinks: int = 0, full_counts_sinks: bool = False) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
@@ -95,6 +95,9 @@ class LayerKvCache:
         self.batch_size, self.capacity, self.window, self.slots = batch_size, capacity, window, slots
         self.truncates_until_full = truncates_until_full  # a window cache refusing truncation once length >= W
         self.sinks = sinks  # the first positions every later query sees besides its window (StreamingLLM)
+        # A window cache refusing every truncation once it holds W + S rows, as a ring of W + S slots does (the
+        # reference keeps every row of a cache with sinks: this is the refusal such a ring makes, not its layout).
+        self.full_counts_sinks = full_counts_sinks
         self.model_width, self.heads = layer.model_width, layer.heads
         self.kv_heads, self.head_width = layer.kv_heads, layer.head_width
         self._parameters = layer.parameters  # the objects themselves: identity
@@ -163,7 +166,7 @@ class LayerKvCache:
         ``length`` must be an int in ``[0, self.length]`` (``self.length``: a no-op).
         With a window, the rows the next row will see must still be held:
         truncation never brings an evicted row back; with ``truncates_until_full``, a cache that holds W
-        rows or more refuses every truncation. Nothing changes on a rejection.
+        rows or more refuses every truncation (``full_counts_sinks``: W + S rows). Nothing changes on a rejection.
         """
         if not isinstance(length, (int, np.integer)) or isinstance(length, (bool, np.bool_)) \
                 or not 0 <= length <= self._length:
@@ -172,6 +175,9 @@ class LayerKvCache:
         if self.window is not None and self.truncates_until_full and self._length >= self.window:
             oldest = self._next_position - self._length + self._first_held
             raise RowsEvicted(length, self._next_position - self._length + max(0, length - self.window + 1), oldest)
+        if self.window is not None and self.full_counts_sinks and self._length >= self.window + self.sinks:
+            raise RowsEvicted(length, self._next_position - self._length + max(0, length - self.window + 1),
+                              self._next_position - self._length + self._first_held)
         if self.window is not None:
             needed = max(0, length - self.window + 1)  # the oldest row a query at the new end sees
             if needed < length and self._first_held > needed:

@@ -194,7 +194,8 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule
         self.storage = rule.declared()
-        self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}]" if rule.scale == "per_group"
+        self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}"
+                     f"{',zero point on a level' if rule.zero_point == 'level' else ''}]" if rule.scale == "per_group"
                      else f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]")
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
@@ -217,6 +218,22 @@ class WindowUntilFullAdapter(ReferenceAdapter):
 
 def make_window_until_full_adapter() -> WindowUntilFullAdapter:
     return WindowUntilFullAdapter()
+
+
+class SinksRingAdapter(ReferenceAdapter):
+    """The reference whose window caches refuse every truncation once full, where a cache with S sinks is full at
+    W + S rows (a ring of W + S slots: the sinks' and the window's), declared."""
+
+    name = f"{ReferenceAdapter.name}[window full at W + S]"
+    capabilities = ReferenceAdapter.capabilities | {"window_truncates_until_full", "window_full_counts_sinks"}
+
+    def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, sinks=sinks, full_counts_sinks=window is not None)
+
+
+def make_sinks_ring_adapter() -> SinksRingAdapter:
+    return SinksRingAdapter()
 
 
 class KeepsEveryRowAdapter(ReferenceAdapter):
@@ -325,6 +342,11 @@ def make_uint4_group_adapter() -> QuantizedReferenceAdapter:
     """Affine 4-bit rows, one scale and zero point for each group of 4 features of each token (HQQ's kind;
     heads of 4 and 8 drawn)."""
     return QuantizedReferenceAdapter(StorageRule("uint4", "per_group", group=4))
+
+
+def make_uint4_zero_point_adapter() -> QuantizedReferenceAdapter:
+    """Affine 4-bit groups of 4 with the zero point on a level, so that 0 is exact (PyTorch's asymmetric rule)."""
+    return QuantizedReferenceAdapter(StorageRule("uint4", "per_group", group=4, zero_point="level"))
 
 
 def make_float16_adapter() -> QuantizedReferenceAdapter:

@@ -13,7 +13,11 @@ scale and zero point for each group of ``group`` features of each token
 (``per_group``, HQQ's and KIVI's kind): ``q = rint((x - lo) / s)`` with ``lo``
 the group's minimum and ``s`` its range over ``2**bits - 1`` (at least
 ``min_step``), read back ``lo + q * s``. Each token's groups are its own, so
-there is nothing to recompute or freeze.
+there is nothing to recompute or freeze. With ``zero_point="level"`` the zero
+point is an integer level, so that 0 is stored exactly (PyTorch's asymmetric
+rule): the group's range is widened to hold 0, ``s`` is that range over
+``2**bits - 1``, the zero point ``z = rint(-min / s)``, and a value is stored
+``q = clip(rint(x / s) + z, 0, 2**bits - 1)`` and read back ``(q - z) * s``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class StorageRule:
     update: str = "recomputed"  # or frozen
     group: int = 0  # per_group: features a group
     min_step: float = 0.0  # per_group: the smallest step
+    zero_point: str = "minimum"  # per_group: or "level" (an integer zero point; 0 stored exactly)
 
     def __post_init__(self) -> None:
         if self.format not in _FLOATS and self.format not in _INTEGERS and self.format not in _UNSIGNED:
@@ -49,11 +54,14 @@ class StorageRule:
                 self.scale == "per_group" and (self.group < 1 or self.update != "recomputed")):
             raise ValueError(f"{self.format} with {self.scale} (group {self.group}, {self.update}): unsigned "
                              "formats take per_group scales, a group of 1 or more, recomputed")
+        if self.zero_point not in ("minimum", "level") or (self.zero_point == "level" and self.scale != "per_group"):
+            raise ValueError(f"zero point {self.zero_point!r} with {self.scale}: minimum or level, per_group only")
 
     def declared(self) -> dict[str, object]:
         if self.scale == "per_group":
             return {"format": self.format, "scale": self.scale, "group": self.group,
-                    **({"min_step": self.min_step} if self.min_step else {})}
+                    **({"min_step": self.min_step} if self.min_step else {}),
+                    **({"zero_point": self.zero_point} if self.zero_point != "minimum" else {})}
         return {"format": self.format, "scale": self.scale, "update": self.update}
 
     @property
@@ -73,6 +81,8 @@ class StorageRule:
 
     def round(self, rows: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """What is stored of ``rows`` at ``scale``, read back as float64."""
+        if self.scale == "per_group" and self.zero_point == "level":
+            return self._round_groups_to_levels(rows)
         if self.scale == "per_group":
             return self._round_groups(rows)
         scaled = np.clip(rows / scale, -self.largest, self.largest)
@@ -88,4 +98,17 @@ class StorageRule:
         step = np.maximum((grouped.max(axis=-1, keepdims=True, initial=-np.inf) - low) / levels, self.min_step)
         step = np.where(step > 0, step, 1.0)
         stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape(rows.shape)
+        return stored
+
+    def _round_groups_to_levels(self, rows: np.ndarray) -> np.ndarray:
+        """Affine rounding with an integer zero point: each group's range widened to hold 0, so that 0 is a level."""
+        levels = _UNSIGNED[self.format]
+        grouped = rows.reshape(*rows.shape[:-1], rows.shape[-1] // self.group, self.group)
+        low = np.minimum(grouped.min(axis=-1, keepdims=True, initial=np.inf), 0.0)
+        high = np.maximum(grouped.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
+        step = np.maximum((high - low) / levels, self.min_step)
+        step = np.where(step > 0, step, 1.0)
+        zero = np.clip(np.rint(-low / step), 0, levels)
+        quantized = np.clip(np.rint(grouped / step) + zero, 0, levels).astype(np.uint8)
+        stored: np.ndarray = ((quantized - zero) * step).reshape(rows.shape)
         return stored

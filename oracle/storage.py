@@ -21,7 +21,14 @@ rounding is written once here, in float64 numpy, from the definitions:
   token (``per_group``, as HQQ and KIVI store): the group's minimum ``lo`` and
   step ``s = max((hi - lo) / levels, min_step)`` (``levels = 2**bits - 1``; a
   group of equal values has step ``min_step``, or 1), stored
-  ``clip(rint((x - lo) / s), 0, levels)``, read back ``lo + q * s``.
+  ``clip(rint((x - lo) / s), 0, levels)``, read back ``lo + q * s``;
+- or, with ``zero_point: level``, the zero point on a level so that 0 is
+  exact (PyTorch's and torchao's asymmetric rule): the range extended to
+  hold 0, ``lo = min(min, 0)``, ``hi = max(max, 0)``, the step as above,
+  the zero point ``z = rint(-lo / s)``, stored
+  ``clip(rint(x / s) + z, 0, levels)``, read back ``(q - z) * s``. The
+  grid is ``lo`` moved by less than half a step, so the far end of the
+  group may be clipped: every element is within half a step all the same.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ INTEGER_FORMATS = {"int8": 127, "int4": 7}
 AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
 SCALES = ("none", "per_tensor", "per_channel", "per_group")
 UPDATES = ("recomputed", "frozen")
+ZERO_POINTS = ("minimum", "level")  # affine groups: the grid starts at the group's minimum, or holds 0 on a level
 
 
 def _float_format(name: str) -> type[np.generic]:
@@ -51,6 +59,7 @@ class StorageFormat:
     update: str = "recomputed"
     group: int = 0  # per_group: features a group of each token (a divisor of the head width)
     min_step: float = 0.0  # per_group: the smallest step a group is stored with (0: none)
+    zero_point: str = "minimum"  # per_group: "level" puts the zero point on a level (0 exact, the range holds 0)
 
     def __post_init__(self) -> None:
         formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS)
@@ -60,6 +69,8 @@ class StorageFormat:
             raise ValueError(f"storage scale must be one of {SCALES}, got {self.scale!r}")
         if self.update not in UPDATES:
             raise ValueError(f"storage update must be one of {UPDATES}, got {self.update!r}")
+        if self.zero_point not in ZERO_POINTS:
+            raise ValueError(f"storage zero_point must be one of {ZERO_POINTS}, got {self.zero_point!r}")
         if self.format in INTEGER_FORMATS and self.scale not in ("per_tensor", "per_channel"):
             raise ValueError(f"an integer format ({self.format}) needs a scale: per_tensor or per_channel")
         if (self.format in AFFINE_FORMATS) != (self.scale == "per_group"):
@@ -73,8 +84,8 @@ class StorageFormat:
                 raise ValueError(f"min_step must be a finite number >= 0, got {self.min_step!r}")
             if self.update != "recomputed":
                 raise ValueError("a per_group scale is each token's own: nothing to freeze")
-        elif self.group or self.min_step:
-            raise ValueError("group and min_step belong to a per_group scale")
+        elif self.group or self.min_step or self.zero_point != "minimum":
+            raise ValueError("group, min_step and zero_point belong to a per_group scale")
         if self.scale == "none" and self.update == "frozen":
             raise ValueError("a frozen update needs a scale to freeze")
 
@@ -125,12 +136,16 @@ class StorageFormat:
 
     def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``rows`` in groups of ``group`` consecutive features of each token, ``[B, KV, T, dh / group, group]``,
-        with each group's minimum and step (keeping the last axis, to broadcast against them)."""
+        with each group's minimum and step (keeping the last axis, to broadcast against them); with the zero point
+        on a level, the range is extended to hold 0 first."""
         if rows.shape[-1] % self.group:
             raise ValueError(f"groups of {self.group} features do not divide a head of {rows.shape[-1]}")
         grouped = rows.reshape(*rows.shape[:-1], -1, self.group)
         low = grouped.min(axis=-1, keepdims=True, initial=np.inf)
-        step = np.maximum((grouped.max(axis=-1, keepdims=True, initial=-np.inf) - low) / self.largest, self.min_step)
+        high = grouped.max(axis=-1, keepdims=True, initial=-np.inf)
+        if self.zero_point == "level":
+            low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
+        step = np.maximum((high - low) / self.largest, self.min_step)
         return grouped, low, np.where(step > 0, step, 1.0)
 
     def _scale(self, rows: np.ndarray, calibration: np.ndarray | None) -> np.ndarray:
@@ -143,6 +158,12 @@ class StorageFormat:
 
         ``calibration``: the rows of the first update, for a ``frozen`` scale.
         """
+        if self.scale == "per_group" and self.zero_point == "level":
+            grouped, low, step = self._groups(rows)
+            zero = np.rint(-low / step)  # in [0, levels]: the range holds 0
+            levels = np.clip(np.rint(grouped / step) + zero, 0, self.largest)
+            on_levels: np.ndarray = (levels - zero) * step
+            return on_levels.reshape(rows.shape)
         if self.scale == "per_group":
             grouped, low, step = self._groups(rows)
             stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, self.largest) * step)

@@ -22,7 +22,13 @@ from examples.minimal_adapter import (
     make_float32_transcendentals_adapter,
 )
 from impl.cache import LayerKvCache
-from impl.conformance import KeepsEveryRowAdapter, QuantizedReferenceAdapter, ReferenceAdapter, WindowUntilFullAdapter
+from impl.conformance import (
+    KeepsEveryRowAdapter,
+    QuantizedReferenceAdapter,
+    ReferenceAdapter,
+    SinksRingAdapter,
+    WindowUntilFullAdapter,
+)
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
@@ -265,11 +271,19 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     # a coarse guard for near-constant groups (HQQ's is 1e-4; 0.1 shows in every program): declared min_step
     "storage-uint4-min-step": lambda: Declared("storage-uint4-min-step", QuantizedReferenceAdapter.capabilities,
                                                _affine("uint4", 4, 0.1), storage=_affine("uint4", 4, 0.1).storage),
+    # a window with sinks full at W + S rows (a ring of W + S slots): it refuses truncation from there on
+    "window-full-counts-sinks": lambda: Declared("window-full-counts-sinks", REFERENCE | {
+        "window_truncates_until_full", "window_full_counts_sinks"}, SinksRingAdapter()),
+    # affine groups with the zero point on a level (0 exact, the range widened to hold it): declared zero_point
+    "storage-uint4-zero-point-level": lambda: Declared(
+        "storage-uint4-zero-point-level", QuantizedReferenceAdapter.capabilities,
+        _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4, zero_point="level").storage),
 }
 
 
-def _affine(format: str, group: int, min_step: float = 0.0) -> QuantizedReferenceAdapter:
-    return QuantizedReferenceAdapter(StorageRule(format, "per_group", group=group, min_step=min_step))
+def _affine(format: str, group: int, min_step: float = 0.0, zero_point: str = "minimum") -> QuantizedReferenceAdapter:
+    return QuantizedReferenceAdapter(StorageRule(format, "per_group", group=group, min_step=min_step,
+                                                 zero_point=zero_point))
 
 
 # Each twin makes a design choice of a variant above, but declares the reference's: the machine named must fail
@@ -328,6 +342,15 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "mixed-transcendentals-float32-undeclared": (
         lambda: Declared("twin-transcendentals-float32", {"float64", "rope_interleaved"},
                          make_float32_transcendentals_adapter(), mixed_precision={}), "layer_cache", {}, ""),
+    # the ring of W + S slots declaring only window_truncates_until_full: judged to refuse from W rows on
+    "window-full-counts-sinks-undeclared": (
+        lambda: Declared("twin-full-counts-sinks", REFERENCE | {"window_truncates_until_full"}, SinksRingAdapter()),
+        "cache_operations", {"windowed": True}, "expected evicted, got success"),
+    # the zero point on a level declared as the group's minimum: a group of one sign has a coarser step than that
+    "storage-uint4-zero-point-undeclared": (
+        lambda: Declared("twin-zero-point-undeclared", QuantizedReferenceAdapter.capabilities,
+                         _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4).storage),
+        "layer_cache", {}, ""),
 }
 
 

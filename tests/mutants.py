@@ -512,6 +512,30 @@ MUTANTS = (
            (('victims = list(self._cached) if self.eviction == "all_at_once" else',
              "victims = list(self._cached) if True else"),),
            "declares LRU eviction, but evicts every cached block when short", "paged"),
+    # -- a window with sinks full at W + S rows (window_full_counts_sinks, #23) --
+    Mutant("sinks_ring_full_at_the_window", "cache.py",
+           (("self.full_counts_sinks and self._length >= self.window + self.sinks:",
+             "self.full_counts_sinks and self._length >= self.window:"),),
+           "declares a ring of W + S slots, but refuses truncation from W rows on: the sinks are not counted",
+           "window cache", factory="make_sinks_ring_adapter"),
+    Mutant("sinks_ring_refuses_one_row_late", "cache.py",
+           (("self.full_counts_sinks and self._length >= self.window + self.sinks:",
+             "self.full_counts_sinks and self._length > self.window + self.sinks:"),),
+           "declares a ring of W + S slots, but truncates once more at exactly W + S rows",
+           "window cache", factory="make_sinks_ring_adapter"),
+    # -- affine groups with the zero point on a level (storage zero_point: level, #23) --
+    Mutant("zero_point_range_not_widened", "storage.py",
+           (("low = np.minimum(grouped.min(axis=-1, keepdims=True, initial=np.inf), 0.0)",
+             "low = grouped.min(axis=-1, keepdims=True, initial=np.inf)"),
+            ("high = np.maximum(grouped.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)",
+             "high = grouped.max(axis=-1, keepdims=True, initial=-np.inf)")),
+           "puts the zero point on a level without widening the range to hold 0: a group of one sign is clipped",
+           factory="make_uint4_zero_point_adapter"),
+    Mutant("zero_point_step_over_two_to_the_bits", "storage.py",
+           (("step = np.maximum((high - low) / levels, self.min_step)",
+             "step = np.maximum((high - low) / (levels + 1), self.min_step)"),),
+           "divides the range by 2**bits, not 2**bits - 1: the grid is a step short, and the far end clipped",
+           factory="make_uint4_zero_point_adapter"),
 )
 
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.conformance import ReferenceAdapter, WindowUntilFullAdapter
+from impl.conformance import ReferenceAdapter, SinksRingAdapter, WindowUntilFullAdapter
 from kvcache_conformance import generate as g
 from kvcache_conformance.generate.needs import LAYER_CONVENTION, Needs
 from kvcache_conformance.machines.layer import LayerCacheMachine
-from kvcache_conformance.protocol.declarations import LayerLimits
+from kvcache_conformance.protocol.declarations import LayerLimits, declaration_problems
 from kvcache_conformance.protocol.kinds import declared
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
@@ -164,6 +164,32 @@ def test_the_window_run_truncates_full_windows_of_a_cache_that_truncates_until_f
                          settings=profiles.settings_for("ci", max_examples=30, database=None))
     assert result.failure is None, result.failure
     assert seen == {"full", "not full"}
+
+
+def test_the_window_run_truncates_rings_of_window_and_sinks_on_both_sides_of_full() -> None:
+    """window_full_counts_sinks is judged where it differs from W: caches with sinks are truncated holding W to
+    W + S - 1 rows (done) and W + S or more (refused)."""
+    seen: set[str] = set()
+
+    class Counting(SinksRingAdapter):
+        def truncate(self, cache: Any, n: Any) -> None:
+            if cache.sinks:
+                seen.add("full" if cache.length >= cache.window + cache.sinks else
+                         "past W, not full" if cache.length >= cache.window else "below W")
+            super().truncate(cache, n)
+
+    result = run_machine("cache_operations", Counting(), property_id="generators-full-counts-sinks",
+                         parameters={"windowed": True},
+                         settings=profiles.settings_for("ci", max_examples=30, database=None))
+    assert result.failure is None, result.failure
+    assert {"full", "past W, not full"} <= seen
+
+
+def test_a_window_full_counting_sinks_needs_what_it_is_about() -> None:
+    lone: Any = type("Lone", (ReferenceAdapter,), {"capabilities": ReferenceAdapter.capabilities | {
+        "window_full_counts_sinks"}})()
+    assert any("window_full_counts_sinks" in problem for problem in declaration_problems(lone))
+    assert not declaration_problems(SinksRingAdapter())
 
 
 def test_window_caches_are_drawn_with_sinks_only_where_declared() -> None:

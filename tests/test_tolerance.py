@@ -337,7 +337,31 @@ def test_affine_groups_store_each_token_group_on_its_own_grid() -> None:
     assert np.all(coarse.steps(tiny) == 1e-4)
 
 
+def test_a_zero_point_on_a_level_holds_zero_exactly_and_every_element_within_half_a_step() -> None:
+    from impl.storage import StorageRule
+    from kvcache_conformance.oracle import StorageFormat
+
+    rows = np.random.default_rng(11).normal(size=(2, 2, 6, 8)) + np.array([0.0] * 4 + [5.0] * 4)  # one sign: 4..8
+    rows[0, 0, 0, :4] = [0.0, -1.0, 0.3, 2.0]
+    rule = StorageFormat("uint4", "per_group", group=4, zero_point="level")
+    stored, steps = rule.stored(rows), rule.steps(rows)
+    grouped = rows.reshape(2, 2, 6, 2, 4)
+    widened = np.maximum(grouped.max(-1), 0.0) - np.minimum(grouped.min(-1), 0.0)
+    assert np.allclose(steps.reshape(grouped.shape), (widened / 15)[..., None])  # the range widened to hold 0
+    assert np.all(np.abs(stored - rows) <= steps / 2 * (1 + 1e-12))  # the far end clipped, within half a step
+    assert stored[0, 0, 0, 0] == 0.0  # 0 is a level
+    zero = np.rint(-np.minimum(grouped.min(-1, keepdims=True), 0.0) / steps.reshape(grouped.shape))
+    levels = stored.reshape(grouped.shape) / steps.reshape(grouped.shape) + zero
+    assert np.allclose(levels, np.rint(levels), rtol=0, atol=1e-9) and levels.min() > -1e-9 and levels.max() < 15 + 1e-9
+    assert np.array_equal(StorageRule("uint4", "per_group", group=4, zero_point="level").round(rows, np.ones(1)),
+                          stored)  # the reference, written apart, stores what the oracle says
+    minimum = StorageFormat("uint4", "per_group", group=4)
+    assert np.max(np.abs(stored - minimum.stored(rows)) / minimum.steps(rows)) > 0.5  # not the minimum's grid
+
+
 @pytest.mark.parametrize("storage, complaint", [
+    ({"format": "uint4", "scale": "per_group", "group": 4, "zero_point": "middle"}, "zero_point must be one of"),
+    ({"format": "int8", "scale": "per_channel", "zero_point": "level"}, "belong to a per_group scale"),
     ({"format": "uint4", "scale": "per_group"}, "per_group needs group"),
     ({"format": "uint4", "scale": "per_group", "group": "4"}, "per_group needs group"),
     ({"format": "uint4", "scale": "per_group", "group": 0}, "per_group needs group"),

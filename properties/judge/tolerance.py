@@ -152,6 +152,7 @@ class Judge:
         if self.storage is not None:
             rule = self.storage
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
+                     + (", zero point on a level" if rule.zero_point == "level" else "")
                      if rule.scale == "per_group" else f"scale {rule.scale}, {rule.update}")
             return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "

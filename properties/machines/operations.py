@@ -101,8 +101,8 @@ class CacheOperationsMachine(LayerSteps):
         """Keep the first n rows: the next row goes at position n. An invalid n is INVALID_LENGTH (where
         claimed). A window cache must truncate wherever it still shows every row the next query sees; where
         it does not, it may refuse with EVICTED (nothing changed) or succeed exactly. Declared
-        window_truncates_until_full: it truncates while it holds fewer than W rows, and refuses every
-        truncation with EVICTED from then on."""
+        window_truncates_until_full: it truncates while it holds fewer than W rows (W + S with S sinks, declared
+        window_full_counts_sinks), and refuses every truncation with EVICTED from then on."""
         self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
 
     @rule(requires=[Capability.TRUNCATE], data=st.data(), when=lambda self: self.window is not None
@@ -117,13 +117,28 @@ class CacheOperationsMachine(LayerSteps):
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows) - 2), label="n"))
 
+    @rule(requires=[Capability.WINDOW_FULL_COUNTS_SINKS], data=st.data(), when=lambda self: self.sinks > 0
+          and not self.model.stale and not self.model.peaked and self.window + self.sinks <= self.config.capacity)
+    def truncate_a_ring_of_window_and_sinks(self, data: Draws) -> None:
+        """A cache with S sinks, full at W + S rows (window_full_counts_sinks), reset if it holds more, then
+        filled to W + S - 1 rows, W + S or W + S + 1 and cut: done below W + S, refused with EVICTED from there."""
+        full_at = self._full_at
+        target = min(full_at - 1 + data.draw(st.integers(0, 2), label="rows from the last that truncates"),
+                     self.config.capacity)
+        if len(self.model.rows) > target:  # the edge is reached from below
+            self._reset()
+        while len(self.model.rows) < target:
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
+        self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+
     def _truncate(self, n: object) -> None:
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
         problem = g.length_problem(n, len(self.model.rows))  # of this state: a replayed n may land elsewhere
         until_full = Capability.WINDOW_TRUNCATES_UNTIL_FULL
         if problem is not None:
             due = Due.check(problem)
-        elif self.window is not None and self.has(until_full) and len(self.model.rows) >= self.window:
+        elif self.window is not None and self.has(until_full) and len(self.model.rows) >= self._full_at:
             due = Due.check(ErrorKind.EVICTED, until_full.value)
         elif self.window is not None and not self._shows_rows_for(int(n)):  # type: ignore[call-overload]
             due = Due(may_refuse=ErrorKind.EVICTED)
@@ -133,6 +148,13 @@ class CacheOperationsMachine(LayerSteps):
                            observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
         if judged.to_judge:
             self.model.cut(int(n))  # type: ignore[call-overload]
+
+    @property
+    def _full_at(self) -> int:
+        """The length from which a window cache declaring window_truncates_until_full refuses every truncation: W,
+        or W + S where its sinks count (window_full_counts_sinks: a ring of W + S slots)."""
+        assert self.window is not None
+        return self.window + (self.sinks if self.has(Capability.WINDOW_FULL_COUNTS_SINKS) else 0)
 
     def _shows_rows_for(self, n: int) -> bool:
         """Whether the window cache's snapshot shows every row a query at position n sees: n-W+1 .. n-1, and the

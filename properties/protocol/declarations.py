@@ -171,7 +171,7 @@ def declared_precision(adapter: Any) -> tuple[str, dict[str, str]]:
     return dtype, check_precision(dtype, getattr(adapter, "mixed_precision", None) or {})
 
 
-STORAGE_KEYS = ("format", "scale", "update", "group", "min_step")
+STORAGE_KEYS = ("format", "scale", "update", "group", "min_step", "zero_point")
 _NUMERIC_STORAGE_KEYS = ("group", "min_step")  # numbers as given; the others are names
 
 
@@ -222,6 +222,10 @@ def declaration_problems(adapter: Any) -> list[str]:
     if until_full in capabilities and not {Capability.TRUNCATE.value, Capability.SLIDING_WINDOW_LAYER.value} <= \
             capabilities:
         problems.append(f"declares {until_full} without truncate and sliding_window_layer, which it is about")
+    counts_sinks = Capability.WINDOW_FULL_COUNTS_SINKS.value
+    if counts_sinks in capabilities and not {until_full, Capability.ATTENTION_SINKS.value} <= capabilities:
+        problems.append(f"declares {counts_sinks} without {until_full} and attention_sinks: it moves the threshold "
+                        "of the one by the sinks of the other")
     if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
         problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {

@@ -87,6 +87,8 @@ class Capability(str, Enum):
     # A window cache that truncates only until it has held W rows, then refuses every truncation with EVICTED
     # (transformers' DynamicSlidingWindowLayer without recording): judged exactly, both ways.
     WINDOW_TRUNCATES_UNTIL_FULL = "window_truncates_until_full"
+    # With it and attention_sinks: a cache with S sinks is full at W + S rows, not W (a ring of W + S slots).
+    WINDOW_FULL_COUNTS_SINKS = "window_full_counts_sinks"
     # create_cache(..., window=W, sinks=S): the first S positions stay visible to every later query besides its
     # window (StreamingLLM's attention sinks; transformers' SinkCache, a prompt cache's "keep").
     ATTENTION_SINKS = "attention_sinks"
