@@ -103,12 +103,12 @@ class StorageRule:
     def _round_groups_to_levels(self, rows: np.ndarray) -> np.ndarray:
         """Affine rounding with an integer zero point: each group's range widened to hold 0, so that 0 is a level."""
         levels = _UNSIGNED[self.format]
-        grouped = rows.reshape(*rows.shape[:-1], rows.shape[-1] // self.group, self.group)
+        grouped = np.reshape(rows, (*rows.shape[:-1], -1, self.group))  # [B, KV, T, groups, group]
         low = np.minimum(grouped.min(axis=-1, keepdims=True, initial=np.inf), 0.0)
         high = np.maximum(grouped.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
         step = np.maximum((high - low) / levels, self.min_step)
         step = np.where(step > 0, step, 1.0)
         zero = np.clip(np.rint(-low / step), 0, levels)
         quantized = np.clip(np.rint(grouped / step) + zero, 0, levels).astype(np.uint8)
-        stored: np.ndarray = ((quantized - zero) * step).reshape(rows.shape)
+        stored: np.ndarray = np.reshape((quantized - zero) * step, rows.shape)
         return stored
