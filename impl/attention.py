@@ -128,7 +128,9 @@ class AttentionLayer:
             raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
         cache.check_binding(self)
         if cache.length + x.shape[1] > cache.capacity:
-            raise CacheFull(cache.capacity)
+            if cache.checks_room:
+                raise CacheFull(cache.capacity)
+            # a buffer without a full check: the write past its end is the buffer's to refuse (commit)
 
     def prepare(self, x: np.ndarray, cache: LayerKvCache) -> PreparedRows:
         """Compute rows ``x [B, T, D]`` at positions ``next_position ..``; write nothing.

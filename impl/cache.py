@@ -55,7 +55,8 @@ class LayerKvCache:
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int, window: int | None = None,
                  storage: StorageRule | None = None, truncates_until_full: bool = False,
-                 keeps_every_row: bool = False, sinks: int = 0, full_counts_sinks: bool = False) -> None:
+                 keeps_every_row: bool = False, sinks: int = 0, full_counts_sinks: bool = False,
+                 checks_room: bool = True) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
@@ -98,6 +99,8 @@ class LayerKvCache:
         # A window cache refusing every truncation once it holds W + S rows, as a ring of W + S slots does (the
         # reference keeps every row of a cache with sinks: this is the refusal such a ring makes, not its layout).
         self.full_counts_sinks = full_counts_sinks
+        # False: a preallocated buffer without a full check; a write past its end raises IndexError (commit).
+        self.checks_room = checks_room
         self.model_width, self.heads = layer.model_width, layer.heads
         self.kv_heads, self.head_width = layer.kv_heads, layer.head_width
         self._parameters = layer.parameters  # the objects themselves: identity
@@ -283,8 +286,11 @@ class LayerKvCache:
         window keeps its last rows.
         """
         tokens = keys.shape[2]
+        start = self._length
+        if self.window is None and start + tokens > self.slots:  # past the buffer (no full check before)
+            raise IndexError(f"rows {start} .. {start + tokens - 1} are past a buffer of {self.slots} rows")
         kept = min(tokens, self.slots)
-        slots = np.arange(self._length + tokens - kept, self._length + tokens) % self.slots
+        slots = np.arange(start + tokens - kept, start + tokens) % self.slots
         self._exact_keys[:, :, slots] = keys[:, :, tokens - kept:]
         self._exact_values[:, :, slots] = values[:, :, tokens - kept:]
         self._positions[slots] = np.arange(self._next_position + tokens - kept, self._next_position + tokens)

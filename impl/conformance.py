@@ -236,6 +236,23 @@ def make_sinks_ring_adapter() -> SinksRingAdapter:
     return SinksRingAdapter()
 
 
+class UncheckedCapacityAdapter(ReferenceAdapter):
+    """The reference as a preallocated buffer without a full check: a step past its capacity is not refused with
+    ``full`` but fails at the write, an IndexError before anything is written; it does not declare
+    ``fixed_capacity``. A window cache, a ring, takes such a step (its positions are bounded by RoPE only)."""
+
+    name = f"{ReferenceAdapter.name}[no full check]"
+    capabilities = ReferenceAdapter.capabilities - {"fixed_capacity"}
+
+    def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                     window: int | None = None, sinks: int = 0) -> LayerKvCache:
+        return LayerKvCache(layer, batch_size, capacity, window, sinks=sinks, checks_room=False)
+
+
+def make_unchecked_capacity_adapter() -> UncheckedCapacityAdapter:
+    return UncheckedCapacityAdapter()
+
+
 class KeepsEveryRowAdapter(ReferenceAdapter):
     """The reference whose window caches and sessions never evict: C slots, the window a mask only. They show
     more rows than the next query sees (docs/spec.md §9.1, §13.5 allow it), and nothing needs declaring."""

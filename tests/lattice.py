@@ -27,6 +27,7 @@ from impl.conformance import (
     QuantizedReferenceAdapter,
     ReferenceAdapter,
     SinksRingAdapter,
+    UncheckedCapacityAdapter,
     WindowUntilFullAdapter,
 )
 from impl.storage import StorageRule
@@ -201,6 +202,16 @@ class TilingRepeat(ReferenceAdapter):
             super().reorder(cache, [(j % batch) * repeats for j in range(batch * repeats)])
 
 
+class ClampingBuffer(UncheckedCapacityAdapter):
+    """A preallocated buffer whose write past its end is clamped to the last slot (JAX's dynamic_update_slice): the
+    step is accepted and overwrites the last row held. Not conforming, whatever it declares (docs/spec.md §5.5)."""
+
+    def step(self, layer: Any, cache: Any, x: Any) -> Any:
+        if cache.window is None and cache.length >= cache.capacity:
+            cache.truncate(cache.capacity - 1)  # the write lands on row C - 1
+        return super().step(layer, cache, x)
+
+
 def _paged(policy: dict[str, Any]) -> Any:
     """The reference's pool under another declared policy (it implements every one)."""
     class Policy(ReferenceAdapter):
@@ -278,6 +289,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "storage-uint4-zero-point-level": lambda: Declared(
         "storage-uint4-zero-point-level", QuantizedReferenceAdapter.capabilities,
         _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4, zero_point="level").storage),
+    # a preallocated buffer without a full check: a write past its end raises IndexError, unmapped, unclaimed
+    "unchecked-capacity": lambda: Declared("unchecked-capacity", REFERENCE - {"fixed_capacity"},
+                                           UncheckedCapacityAdapter()),
 }
 
 
@@ -351,6 +365,16 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-zero-point-undeclared", QuantizedReferenceAdapter.capabilities,
                          _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4).storage),
         "layer_cache", {}, ""),
+    # the buffer without a full check claiming one: what it raises past the end (IndexError, or RoPE's error where
+    # the capacity is the RoPE range) is not full
+    "unchecked-capacity-claims-fixed-capacity": (
+        lambda: Declared("twin-unchecked-capacity", REFERENCE, UncheckedCapacityAdapter()), "layer_cache", {},
+        "unexpected exception"),
+    # not a wrong declaration but a design no declaration makes conform: honestly declared (no fixed_capacity),
+    # the write clamped onto the last row held fails all the same
+    "clamping-buffer-without-fixed-capacity": (
+        lambda: Declared("twin-clamping-buffer", REFERENCE - {"fixed_capacity"}, ClampingBuffer()), "layer_cache",
+        {}, "an accepted call changed a row held before it"),
 }
 
 

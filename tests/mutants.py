@@ -536,6 +536,19 @@ MUTANTS = (
              "step = np.maximum((high - low) / (levels + 1), self.min_step)"),),
            "divides the range by 2**bits, not 2**bits - 1: the grid is a step short, and the far end clipped",
            factory="make_uint4_zero_point_adapter"),
+    # -- a preallocated buffer without a full check (an accepted call keeps the rows held before it, #23) --
+    Mutant("unchecked_write_clamped_to_the_last_row", "cache.py",
+           (('            raise IndexError(f"rows {start} .. {start + tokens - 1} are past a buffer of '
+             '{self.slots} rows")',
+             "            start = self.slots - tokens  # clamped so that the write fits (dynamic_update_slice)"),),
+           "a step past the capacity is written at C - 1, over the last row held, and accepted",
+           factory="make_unchecked_capacity_adapter"),
+    Mutant("unchecked_write_wraps_to_the_first_row", "cache.py",
+           (('            raise IndexError(f"rows {start} .. {start + tokens - 1} are past a buffer of '
+             '{self.slots} rows")',
+             "            pass  # the slot index wraps around: row 0 is overwritten"),),
+           "a step past the capacity is written into slot C % C = 0, over the first row held, and accepted",
+           factory="make_unchecked_capacity_adapter"),
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 from impl.conformance import ReferenceAdapter
 from kvcache_conformance.judge.calls import Inputs
 from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance, kind_of
-from kvcache_conformance.judge.policy import VALID, Due, Expect, judge_call, unchanged
+from kvcache_conformance.judge.policy import ACCEPTED_CHANGED_HELD, VALID, Due, Expect, Held, judge_call, unchanged
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.run import selection
 from kvcache_conformance.run.report import causes
@@ -92,6 +92,39 @@ def test_an_unclaimed_check_may_raise_anything_or_accept_and_be_replaced() -> No
     with pytest.raises(NonConformance) as changed:  # universal: whatever is declared
         _judge(writes_then_raises, Due.check(ErrorKind.FULL), state, capabilities=frozenset())
     assert changed.value.kind == STATE_CHANGED
+
+
+def test_an_accepted_unclaimed_call_keeps_every_row_held_before_it() -> None:
+    state: dict[str, Any] = {"rows": {"row 0": np.zeros(2), "row 1": np.ones(2)}}
+
+    def judge(action: Any, *, evicts: bool = False) -> Any:
+        replaced: list[bool] = []
+        judged = judge_call(Errors(), frozenset(), lambda what, **entry: None, "the call", action,
+                            due=Due.check(ErrorKind.FULL), observe=lambda: {"rows": dict(state["rows"])},
+                            replace=lambda: replaced.append(True), held=Held(lambda seen: seen["rows"], evicts))
+        return judged, replaced
+
+    def appends() -> None:  # a step past the capacity, taken: a new row, the old ones as they were
+        state["rows"] = {**state["rows"], "row 2": np.full(2, 2.0)}
+
+    judged, replaced = judge(appends)
+    assert judged.replaced and replaced == [True]
+
+    def clamps() -> None:  # the write at index C lands on C - 1: the last row held is overwritten
+        state["rows"] = {**state["rows"], "row 1": np.full(2, 2.0)}
+
+    with pytest.raises(NonConformance) as changed:
+        judge(clamps)
+    assert changed.value.kind == ACCEPTED_CHANGED_HELD and changed.value.check == "rows held"
+
+    def evicts() -> None:  # a window lets row 0 go: allowed where it evicts, a change where it does not
+        state["rows"] = {"row 1": state["rows"]["row 1"], "row 2": np.full(2, 2.0)}
+
+    state["rows"] = {"row 0": np.zeros(2), "row 1": np.ones(2)}
+    assert judge(evicts, evicts=True)[0].replaced
+    state["rows"] = {"row 0": np.zeros(2), "row 1": np.ones(2)}
+    with pytest.raises(NonConformance, match="is gone"):
+        judge(evicts)
 
 
 def test_a_valid_call_must_succeed_and_a_refusable_one_may_refuse_only_as_allowed() -> None:

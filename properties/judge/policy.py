@@ -7,7 +7,9 @@
    or not -- must change nothing observable (``unchanged``).
 4. A call accepted although its first failing check is not claimed is not
    judged: the object it was made on has unspecified contents from then on,
-   and is replaced.
+   and is replaced -- but first, where the machine says what it held
+   (``Held``), every row held before the call must still be shown, unchanged
+   (``kept``): an accepted append never rewrites what other positions rely on.
 
 What the specification expects of each call is recorded in one vocabulary,
 ``Expect``, which traces hold and replay prints. A call is described by its
@@ -39,7 +41,7 @@ class Expect(str, Enum):
 
     SUCCESS = "success"  # must return; the result is judged against the oracle
     REJECTION = "rejection"  # its first failing check is claimed: must raise that kind, and change nothing
-    UNCLAIMED = "unclaimed"  # not claimed: if it raises, nothing changed; if it accepts, not judged, replaced
+    UNCLAIMED = "unclaimed"  # not claimed: if it raises, nothing changed; if it accepts, rows held kept, replaced
     SUCCESS_OR_REFUSAL = "success or refusal"  # may raise ``kind`` with nothing changed, or succeed and be judged
     STATE = "state"  # after a step: what everything observable must be
 
@@ -98,12 +100,13 @@ def expected_entry(what: str, due: Due, capabilities: frozenset[str], **details:
 
 def judge_call(adapter: Any, capabilities: frozenset[str], record: Record, what: str, action: Callable[[], Any], *,
                due: Due = VALID, inputs: Inputs | None = None, observe: Callable[[], Observed] | None = None,
-               replace: Callable[[], None] | None = None, **details: Any) -> Judged:
+               replace: Callable[[], None] | None = None, held: Held | None = None, **details: Any) -> Judged:
     """Make one adapter call and judge it by §5 (the module's rules 1-4).
 
     ``observe`` reads what the call must not change if it raises (needed unless the call is valid);
     ``replace`` replaces the object of a call accepted without a claim (needed where the due check is not
-    claimed). ``details`` go into the trace with the expectation."""
+    claimed); ``held``, what such a call must keep all the same. ``details`` go into the trace with the
+    expectation."""
     __tracebackhide__ = True
     expect = due.expect(capabilities)
     record(what, **expected_entry(what, due, capabilities, **details))
@@ -119,6 +122,8 @@ def judge_call(adapter: Any, capabilities: frozenset[str], record: Record, what:
     if expect is Expect.UNCLAIMED:  # any exception will do, mapped or not; accepting is not judged
         if not raw.raised:
             assert replace is not None, f"{what}: an unclaimed check needs a way to replace what accepted it"
+            if held is not None:
+                kept(held, before, observe(), what)
             replace()
             return Judged(raw.value, replaced=True)
     else:
@@ -169,3 +174,30 @@ def _same(old: Any, new: Any) -> bool:
         return (isinstance(old, np.ndarray) and isinstance(new, np.ndarray) and old.shape == new.shape
                 and old.dtype == new.dtype and old.tobytes() == new.tobytes())
     return bool(old == new)
+
+
+ACCEPTED_CHANGED_HELD = "an accepted call changed a row held before it"
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a call accepted without the claim of its first failing check must keep all the same (docs/spec.md
+    §5.5): ``rows`` names the rows an observation shows (by position, say); ``evicts``: a window may let rows go,
+    but never change one it still shows."""
+
+    rows: Callable[[Observed], Observed]
+    evicts: bool = False
+
+
+def kept(held: Held, before: Observed, after: Observed, what: str) -> None:
+    """Raise unless every row held before an accepted unclaimed call is shown after it, byte for byte (but one a
+    window let go)."""
+    __tracebackhide__ = True
+    old, new = held.rows(before), held.rows(after)
+    for name, row in old.items():
+        if name not in new and held.evicts:
+            continue
+        if name not in new or not _same(row, new[name]):
+            raise NonConformance(f"{what}: accepted although its check is not claimed, and the {name} it held "
+                                 f"before is {'gone' if name not in new else 'changed'}, but an accepted call must "
+                                 "keep every row held before it", kind=ACCEPTED_CHANGED_HELD, check="rows held")

@@ -21,7 +21,7 @@ from ..generate.needs import Needs
 from ..judge.calls import Inputs, call
 from ..judge.checks import expect_success, window_positions
 from ..judge.failures import NonConformance
-from ..judge.policy import VALID, Due, Judged, Observed, judge_call
+from ..judge.policy import VALID, Due, Held, Judged, Observed, judge_call
 from ..judge.tolerance import Judge, Reference
 from ..oracle import FLOAT64, AttentionWeights, DecoderConfig, DecoderTrace, DecoderWeights, NumberSystem, full_decoder
 from ..protocol.declarations import LayerLimits
@@ -54,11 +54,11 @@ class ConformanceMachine(TracedMachine):
 
     def call(self, what: str, action: Callable[[], Any], *, due: Due = VALID, inputs: Inputs | None = None,
              observe: Callable[[], Observed] | None = None, replace: Callable[[], None] | None = None,
-             **details: Any) -> Judged:
+             held: Held | None = None, **details: Any) -> Judged:
         """One judged adapter call (docs/spec.md §5), its expectation written on the tape."""
         __tracebackhide__ = True
         return judge_call(self.adapter, self.capabilities, self.tape.expect, what, action, due=due, inputs=inputs,
-                          observe=observe, replace=replace, **details)
+                          observe=observe, replace=replace, held=held, **details)
 
     def must(self, what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> Any:
         """A call that must succeed and is not itself the step judged (creating, reading, updating)."""
@@ -100,6 +100,26 @@ def block_states(rows: Sequence[Any], what: str) -> tuple[BlockState, ...]:
     except AttributeError as error:
         raise NonConformance(f"{what}: a block's rows lack keys, values or positions: {error}",
                              kind="malformed rows") from error
+
+
+def rows_by_position(keys: np.ndarray, values: np.ndarray, positions: Any, *, axis: int,
+                     prefix: str = "") -> dict[str, Any]:
+    """Each key and value row of ``keys`` and ``values`` (along ``axis``) by its position: what an accepted call
+    must keep (``policy.Held``)."""
+    rows: dict[str, Any] = {}
+    for index, position in enumerate(np.asarray(positions).tolist()):
+        rows[f"{prefix}key row at position {position}"] = np.take(keys, index, axis=axis)
+        rows[f"{prefix}value row at position {position}"] = np.take(values, index, axis=axis)
+    return rows
+
+
+def held_block_rows(seen: Observed) -> dict[str, Any]:
+    """The rows of every block of an ``observed_blocks`` observation, by block and position."""
+    rows: dict[str, Any] = {}
+    for index in range(int(seen["blocks"])):
+        rows.update(rows_by_position(seen[f"block {index} keys"], seen[f"block {index} values"],
+                                     seen[f"block {index} positions"], axis=-2, prefix=f"block {index} "))
+    return rows
 
 
 def observed_blocks(blocks: Sequence[BlockState], prefix: str = "") -> dict[str, Any]:

@@ -24,12 +24,12 @@ from ..generate.needs import LAYER_CONVENTION, Alternatives, Needs
 from ..judge.calls import Inputs
 from ..judge.checks import read_snapshot, window_positions
 from ..judge.failures import NonConformance
-from ..judge.policy import VALID, Due, Expect, Judged, Observed, unchanged
+from ..judge.policy import VALID, Due, Expect, Held, Judged, Observed, unchanged
 from ..oracle import FLOAT64, AttentionWeights, NumberSystem, RopeConfig
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.layer import CacheSnapshot
 from ..traces.recording import Draws, NotApplicable, RuleSpec, initialize, invariant, rule
-from .base import ConformanceMachine
+from .base import ConformanceMachine, rows_by_position
 from .layer_model import CacheModel, LayerOracle
 
 MAX_WINDOW = 3
@@ -58,6 +58,12 @@ def observed(snapshot: CacheSnapshot) -> Observed:
         if getattr(snapshot, name) is not None:
             seen[name.replace("_", " ")] = getattr(snapshot, name)
     return seen
+
+
+def held_rows(seen: Observed) -> Observed:
+    """The rows an ``observed`` snapshot shows, by position (without a window: 0 .. length - 1)."""
+    positions = seen.get("positions", np.arange(seen["keys"].shape[2]))
+    return rows_by_position(seen["keys"], seen["values"], positions, axis=2)
 
 
 def shown(snapshot: CacheSnapshot) -> Observed:
@@ -176,7 +182,17 @@ class LayerSteps(ConformanceMachine):
         method = self.adapter.append if chunk else self.adapter.step
         return self.call(what, lambda: method(layer, cache, given), due=due, inputs=handed,
                          observe=lambda: observed(self._snapshot(cache, what)),
-                         replace=self._new_cache if cache is self.cache else lambda: None, **details)
+                         replace=self._new_cache if cache is self.cache else lambda: None,
+                         held=self._held, **details)
+
+    @property
+    def _held(self) -> Held | None:
+        """What an accepted append must keep (docs/spec.md §5.5): every row held, but those a window lets go; none
+        under a recomputed per-tensor or per-channel scale, which re-rounds the rows held at every append."""
+        storage = self.judge.storage
+        if storage is not None and storage.update == "recomputed" and storage.scale in ("per_tensor", "per_channel"):
+            return None
+        return Held(held_rows, evicts=self.window is not None)
 
     def _append_and_check(self, x: np.ndarray, what: str, *, chunk: bool = False) -> None:
         """A step (or chunk) that must succeed: its output must equal full-prefix recomputation."""

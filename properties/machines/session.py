@@ -25,7 +25,7 @@ from .. import generate as g
 from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.failures import NonConformance
-from ..judge.policy import Due, Expect
+from ..judge.policy import Due, Expect, Held
 from ..judge.tolerance import Reference
 from ..oracle import FLOAT64, AttentionWeights, DecoderTrace, NumberSystem, full_decoder, random_decoder_weights
 from ..protocol.decoder import BlockState
@@ -36,6 +36,7 @@ from .base import (
     block_states,
     blocks_match_oracle,
     create_decoder,
+    held_block_rows,
     observed_blocks,
     update_block_weights,
 )
@@ -94,7 +95,7 @@ class SessionMachine(ConformanceMachine):
         due = Due.check(self._first_failing_check(tokens))
         if due.kind is not None:
             self.call(what, action, due=due, inputs=handed, observe=lambda: observed_blocks(self._blocks(what)),
-                      replace=self._new_session)
+                      replace=self._new_session, held=Held(held_block_rows, evicts=self.config.window is not None))
             return
         assert tokens is not None
         trace = self._oracle(self.tokens + tokens)
