@@ -320,6 +320,43 @@ def make_registered_duplicates_paged_adapter() -> RegisteredDuplicatesPagedAdapt
     return RegisteredDuplicatesPagedAdapter()
 
 
+class CachedFirstPagedAdapter(ReferenceAdapter):
+    """The reference whose pool registers duplicates and, of several copies, hits a cached one first, so that the
+    outcome of every add is fixed: which copy, and ``full`` exactly when that leaves too few blocks; declared."""
+
+    name = f"{ReferenceAdapter.name}[hits cached copies first]"
+    paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "duplicates": "registered",
+                                              "hit_copy": "cached_first"}
+
+
+def make_cached_first_paged_adapter() -> CachedFirstPagedAdapter:
+    return CachedFirstPagedAdapter()
+
+
+class NodeLruPagedAdapter(ReferenceAdapter):
+    """The reference whose pool evicts whole least recently cached nodes, as a radix-tree prefix cache evicts
+    leaves: asked for one block it may free every block of a run one release cached; declared."""
+
+    name = f"{ReferenceAdapter.name}[evicts whole nodes]"
+    paged_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.paged_policy, "eviction": "lru_nodes"}
+
+
+def make_node_lru_paged_adapter() -> NodeLruPagedAdapter:
+    return NodeLruPagedAdapter()
+
+
+class PaddingPagePagedAdapter(ReferenceAdapter):
+    """The reference whose pool reserves page 0 for padding and numbers its blocks from 1 (a radix-tree engine's
+    page table); nothing to declare: block ids are opaque."""
+
+    name = f"{ReferenceAdapter.name}[pages from 1]"
+    padding_page: ClassVar[bool] = True
+
+
+def make_padding_page_paged_adapter() -> PaddingPagePagedAdapter:
+    return PaddingPagePagedAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder

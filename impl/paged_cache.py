@@ -12,6 +12,10 @@ whose content is registered stays cached until the pool needs the room.
 Every operation validates and computes first, then commits: a call that raises
 changes nothing, and running out of blocks raises ``BlocksExhausted`` before
 anything is evicted.
+
+Block ids are page numbers; with ``padding_page`` page 0 is reserved for the
+padded slots of a batch (written on every step, never handed out) and the
+pool's blocks are pages ``1..num_blocks``, as a radix-tree engine numbers them.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from .prefix_store import computation_signature
 
 HASH_KEYS = ("scope", "signature", "lora", "multimodal", "salt")  # what a block hash may cover besides parent, tokens
 REQUEST_KEYS = ("lora", "multimodal", "salt")  # given with each add (a LoRA adapter's name, ...); "" means none
-EVICTIONS = ("lru", "all_at_once")  # which cached blocks make room: the least recently cached, or all of them
+EVICTIONS = ("lru", "all_at_once", "lru_nodes")  # which cached blocks make room: the least recently cached, all
+# of them, or whole least recently cached nodes (a radix tree's leaves: the run of blocks one release cached)
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # how many full blocks an add reuses
 DUPLICATES = ("private_or_swap", "registered")  # a block filling with registered content: kept private, or registered
 FORKS = ("shared", "re_add", "none")  # how a fork gets its rows: shared blocks, an add of its tokens, not at all
+HIT_COPIES = ("any", "cached_first")  # of several registered copies a hit takes the first; or a cached one first
 
 
 class BlocksExhausted(CacheFull):
@@ -125,25 +131,30 @@ class PagedPool:
     def __init__(self, layers: int, kv_heads: int, head_width: int, block_size: int, num_blocks: int, *,
                  hash_keys: Iterable[str] = ("scope", "signature"), eviction: str = "lru",
                  hit_limit: str = "before_last_token", fork: str = "shared",
-                 duplicates: str = "private_or_swap") -> None:
+                 duplicates: str = "private_or_swap", hit_copy: str = "any", padding_page: bool = False) -> None:
         for name, value in (("layers", layers), ("kv heads", kv_heads), ("head width", head_width),
                             ("block size", block_size), ("block count", num_blocks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidLayerConfig(f"paged pool: {name} must be an int >= 1, got {value!r}")
         self.hash_keys = frozenset(hash_keys)
         if not self.hash_keys <= set(HASH_KEYS) or eviction not in EVICTIONS or hit_limit not in HIT_LIMITS \
-                or fork not in FORKS or duplicates not in DUPLICATES:
+                or fork not in FORKS or duplicates not in DUPLICATES or hit_copy not in HIT_COPIES:
             raise InvalidLayerConfig(f"paged pool: hash keys within {HASH_KEYS}, eviction one of {EVICTIONS}, "
                                      f"hit limit one of {HIT_LIMITS}, fork one of {FORKS}, duplicates one of "
-                                     f"{DUPLICATES}")
+                                     f"{DUPLICATES}, hit copy one of {HIT_COPIES}")
         self.geometry = Geometry(layers, kv_heads, head_width)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.eviction, self.hit_limit, self.fork_policy, self.duplicates = eviction, hit_limit, fork, duplicates
-        shape = (num_blocks, layers, kv_heads, block_size, head_width)
+        self.hit_copy = hit_copy
+        first = int(padding_page)  # page 0, if reserved, is padding: never a block of the pool
+        pages = num_blocks + first
+        shape = (pages, layers, kv_heads, block_size, head_width)
         self._keys, self._values = np.zeros(shape), np.zeros(shape)
-        self._references = np.zeros(num_blocks, dtype=np.int64)
-        self._free = list(range(num_blocks - 1, -1, -1))  # popped from the end: block 0 first
-        self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced, registered; oldest first
+        self._references = np.zeros(pages, dtype=np.int64)
+        self._padding = padding_page
+        self._free = list(range(pages - 1, first - 1, -1))  # popped from the end: the lowest page first
+        self._cached: OrderedDict[int, int] = OrderedDict()  # unreferenced, registered, oldest first -> its node
+        self._releases = 0  # numbers the nodes: the run of blocks one release cached
         self._block_of: dict[bytes, list[int]] = {}  # registered chain hash -> its blocks, first registered first
         self._hash_of: dict[int, bytes] = {}  # block -> its registered chain hash
         self._sequences: dict[int, Sequence] = {}
@@ -280,7 +291,9 @@ class PagedPool:
             blocks = self._block_of.get(digest)
             if not blocks:
                 break
-            hit.append(blocks[0])  # of several registered copies, the first (as vLLM serves them)
+            # of several registered copies, the first (as vLLM serves them); or a cached one, if any
+            cached = [block for block in blocks if block in self._cached] if self.hit_copy == "cached_first" else []
+            hit.append((cached or blocks)[0])
         if self.hit_limit == "drops_last_hit":  # a draft head (EAGLE) recomputes the last matched block
             return hit[:-1]
         return hit
@@ -331,6 +344,7 @@ class PagedPool:
         """``count`` blocks, each with one reference; cached blocks are evicted only when too few are free."""
         if count > len(self._free):
             victims = list(self._cached) if self.eviction == "all_at_once" else \
+                self._whole_nodes(count - len(self._free)) if self.eviction == "lru_nodes" else \
                 list(self._cached)[:count - len(self._free)]
             for block in victims:
                 del self._cached[block]
@@ -339,6 +353,16 @@ class PagedPool:
         taken = [self._free.pop() for _ in range(count)]
         self._references[taken] = 1
         return taken
+
+    def _whole_nodes(self, shortfall: int) -> list[int]:
+        """Whole nodes, least recently cached first, until at least ``shortfall`` blocks: a node's blocks were
+        cached by one release as one run of a table (what is left of it once hits took its first blocks back)."""
+        victims: list[int] = []
+        for node in dict.fromkeys(self._cached.values()):  # nodes, oldest first
+            if len(victims) >= shortfall:
+                break
+            victims += [block for block, of in self._cached.items() if of == node]
+        return victims
 
     def _unregister(self, block: int) -> None:
         """An evicted block leaves the registry; other copies of its content stay registered."""
@@ -352,14 +376,17 @@ class PagedPool:
         self._references[block] += 1
 
     def _release_all(self, blocks: list[int]) -> None:
-        """Last block first: within one release, a sequence's tail is evicted before its prefix."""
+        """Last block first: within one release, a sequence's tail is evicted before its prefix. Each run of
+        consecutive blocks it caches is one node (a block that stays referenced or goes free ends a run)."""
+        self._releases += 1
         for block in reversed(blocks):
             self._references[block] -= 1
+            if self._references[block] == 0 and block in self._hash_of:
+                self._cached[block] = self._releases
+                continue
             if self._references[block] == 0:
-                if block in self._hash_of:
-                    self._cached[block] = None
-                else:
-                    self._free.append(block)
+                self._free.append(block)
+            self._releases += 1
 
     def _copy_of(self, block: int) -> int:
         """A new private block holding ``block``'s rows."""
@@ -415,6 +442,8 @@ class PagedPool:
         for layer in range(self.geometry.layers):
             self._keys[blocks, layer, :, offsets] = computed.keys[layer].transpose(1, 0, 2)  # [T, KV, dh]
             self._values[blocks, layer, :, offsets] = computed.values[layer].transpose(1, 0, 2)
+        if self._padding:  # a padded batch's empty slots write into page 0
+            self._keys[0], self._values[0] = 0.0, 0.0
 
     # -- checks --------------------------------------------------------------------------------------------
 

@@ -24,12 +24,15 @@ class PagedReferenceMethods:
     # The reference's policy: what its block hash covers, how it makes room, how far an add may reuse.
     paged_policy: ClassVar[dict[str, Any]] = {"hash_keys": ["scope", "signature"], "eviction": "lru",
                                               "hit_limit": "before_last_token", "truncate": True, "fork": "shared"}
+    padding_page: ClassVar[bool] = False  # page 0 reserved for padding, the blocks numbered from 1 (not declared:
+    # block ids are opaque, docs/spec.md §14.1)
 
     def create_pool(self, config: Any, block_size: int, num_blocks: int) -> PagedPool:
         policy = self.paged_policy
         return PagedPool(config.blocks, config.kv_heads, config.head_width, block_size, num_blocks,
                          hash_keys=policy["hash_keys"], eviction=policy["eviction"], hit_limit=policy["hit_limit"],
-                         fork=policy["fork"], duplicates=policy.get("duplicates", "private_or_swap"))
+                         fork=policy["fork"], duplicates=policy.get("duplicates", "private_or_swap"),
+                         hit_copy=policy.get("hit_copy", "any"), padding_page=self.padding_page)
 
     def paged_add(self, pool: PagedPool, decoder: Decoder, scope: str, tokens: Any, keys: Any = None) -> AddResult:
         return pool.add(decoder, scope, tokens, keys)

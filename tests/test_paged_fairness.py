@@ -59,7 +59,8 @@ def _run(adapter: Any, settings: Any) -> Any:
 @pytest.mark.parametrize("policy", [
     REFERENCE, TRANSFORMERS, {**REFERENCE, "hash_keys": ["signature"]},
     {**REFERENCE, "hit_limit": "before_last_full_block"}, {**REFERENCE, "eviction": "all_at_once"},
-], ids=["reference", "transformers", "scope-not-hashed", "before-last-full-block", "all-at-once"])
+    {**REFERENCE, "eviction": "lru_nodes"},
+], ids=["reference", "transformers", "scope-not-hashed", "before-last-full-block", "all-at-once", "lru-nodes"])
 def test_each_policy_conforms_as_declared(policy: dict[str, Any]) -> None:
     result = _run(_adapter(policy, policy, "as-declared"), PASSING)
     assert result.failure is None, result.failure
@@ -72,11 +73,21 @@ def test_each_policy_conforms_as_declared(policy: dict[str, Any]) -> None:
     ({**REFERENCE, "eviction": "all_at_once"}, REFERENCE, "evicts all at once, declared lru"),
     (REFERENCE, {**REFERENCE, "hit_limit": "before_last_full_block"}, "reuses more than declared"),
     ({**REFERENCE, "hit_limit": "before_last_full_block"}, REFERENCE, "reuses less than declared"),
-], ids=["scope-kept-apart", "scope-shared", "lru-as-all", "all-as-lru", "hit-longer", "hit-shorter"])
+    ({**REFERENCE, "eviction": "lru_nodes"}, REFERENCE, "evicts whole nodes, declared lru"),
+    ({**REFERENCE, "eviction": "all_at_once"}, {**REFERENCE, "eviction": "lru_nodes"},
+     "evicts every cached block, declared whole nodes"),
+], ids=["scope-kept-apart", "scope-shared", "lru-as-all", "all-as-lru", "hit-longer", "hit-shorter", "nodes-as-lru",
+        "all-as-nodes"])
 def test_a_policy_judged_under_another_declaration_fails(behaves: dict[str, Any], declares: dict[str, Any],
                                                          why: str) -> None:
     result = _run(_adapter(behaves, declares, "misdeclared"), FAILING)
     assert isinstance(result.failure, NonConformance), f"{why}: not caught ({result.failure})"
+
+
+def test_block_exact_lru_is_one_way_of_evicting_whole_nodes() -> None:
+    """Exactly the shortfall, each release's tail first: within what lru_nodes allows (docs/spec.md §14.6)."""
+    result = _run(_adapter(REFERENCE, {**REFERENCE, "eviction": "lru_nodes"}, "lru-as-nodes"), PASSING)
+    assert result.failure is None, result.failure
 
 
 def test_transformers_policy_fails_where_weights_share_a_pool() -> None:

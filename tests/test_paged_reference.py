@@ -104,6 +104,37 @@ def test_all_at_once_eviction() -> None:
     assert pool.state().cached == () and pool.state().free == 3
 
 
+def test_node_eviction_frees_whole_least_recently_cached_runs() -> None:
+    pool, model = _pool(blocks=4, eviction="lru_nodes"), _decoder()
+    for tokens in ([1, 2, 3, 4], [0, 0, 0, 1]):  # blocks 0, 1 then 2, 3: two nodes of two blocks
+        pool.free(pool.add(model, "app", tokens).sequence)
+    pool.add(model, "app", [4, 4])  # one block short: the oldest node, both its blocks, is evicted
+    assert pool.state().cached == (3, 2) and pool.state().free == 1
+    assert pool.add(model, "app", [0, 0, 0, 1, 2]).reused == 4  # the younger node still serves its prefix
+
+
+def test_a_hit_takes_a_cached_copy_first_where_declared() -> None:
+    for hit_copy, taken in (("any", 0), ("cached_first", 2)):
+        pool, model = _pool(blocks=5, duplicates="registered", hit_copy=hit_copy), _decoder()
+        first = pool.add(model, "app", [1, 2]).sequence  # block 0
+        second = pool.add(model, "app", [1, 2]).sequence  # its last token recomputed: block 1, a registered copy
+        third = pool.add(model, "app", [1, 2]).sequence  # block 2, a third copy
+        pool.free(third)
+        assert pool.state().cached == (2,)
+        extended = pool.add(model, "app", [1, 2, 0]).sequence
+        assert pool.state().tables[extended][0] == taken and pool.state().tables[second] == (1,)
+        assert pool.state().tables[first] == (0,)
+
+
+def test_with_a_padding_page_blocks_are_numbered_from_one() -> None:
+    pool, model = _pool(blocks=3, padding_page=True), _decoder()
+    first = pool.add(model, "app", [1, 2, 3, 4, 0])
+    assert pool.state().tables[first.sequence] == (1, 2, 3) and pool.state().total == 3
+    _matches_oracle(pool, first.sequence)  # the padded writes into page 0 touch no block of the pool
+    with pytest.raises(BlocksExhausted):
+        pool.add(model, "other", [1])
+
+
 def test_running_out_of_blocks_changes_nothing() -> None:
     pool, model = _pool(blocks=3), _decoder()
     kept = pool.add(model, "app", [1, 2, 3, 4]).sequence

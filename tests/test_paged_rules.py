@@ -13,6 +13,7 @@ from kvcache_conformance.machines.paged_rules import (
     fits,
     hit_candidates,
     hit_limit,
+    nodes,
     same_prefix,
 )
 from kvcache_conformance.protocol.paged import PagedPolicy, PolicyError
@@ -112,6 +113,75 @@ def test_policies_are_read_and_checked() -> None:
     assert PagedPolicy.of(object()) == REFERENCE
     for bad in ({"hash_keys": ["lora id"]}, {"eviction": "fifo"}, {"hit_limit": 3}, {"colour": 1}, {"truncate": 1},
                 {"hash_keys": "scope"}):
+        Declares.paged_policy = bad
+        try:
+            PagedPolicy.of(Declares())
+        except PolicyError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+# -- node eviction, hits of cached copies, opaque block ids (docs/spec.md §14.1, §14.3, §14.6) --------------------
+
+NODES = PagedPolicy(eviction="lru_nodes")
+
+
+def _identities(tokens: list[int], blocks: list[object], block_size: int = 1) -> dict[object, object]:
+    return dict(zip(blocks, chain_keys(tokens, "app", "w", NODES, block_size)))
+
+
+def test_a_node_is_a_chain_of_blocks_one_call_cached() -> None:
+    content = {**_identities([1, 2, 3], ["a", "b", "c"]), **_identities([7, 8], ["x", "y"])}
+    cached = {"a": 0, "b": 0, "c": 0, "x": 1, "y": 2}  # x and y: cached by two calls
+    assert sorted(map(sorted, nodes(cached, content, 1))) == [["a", "b", "c"], ["x"], ["y"]]
+    assert sorted(map(sorted, nodes({"a": 0, "c": 0}, content, 1))) == [["a"], ["c"]]  # b between them is not cached
+
+
+def test_node_eviction_may_pass_the_shortfall_within_the_last_node_only() -> None:
+    content = {**_identities([1, 2], [1, 2]), **_identities([5, 6], [5, 6]), **_identities([9], [9])}
+    cached = {1: 0, 2: 0, 5: 1, 6: 1, 9: 2}  # nodes {1, 2} oldest, then {5, 6}, then {9}
+    def problem(needed: int, evicted: set[int], policy: PagedPolicy = NODES) -> str | None:
+        return eviction_problem(policy, needed, 0, cached, set(), evicted, content=content, block_size=1)
+
+    assert problem(1, {1, 2}) is None  # asked for one block, the whole leaf goes (a radix tree's node)
+    assert problem(1, {2}) is None  # from its leaf end: exactly the shortfall is fine too
+    assert problem(3, {1, 2, 5, 6}) is None
+    assert "only the last node" in str(problem(2, {1, 2, 5, 6}))  # met by the first node: the second is surplus
+    assert "oldest first" in str(problem(2, {5, 6}))  # a newer node before the older one
+    assert "leaf end" in str(problem(1, {1}))  # its child 2 stays: not a whole leaf
+    assert "short of the shortfall" in str(problem(3, {1, 2}))
+    assert "blocks free" in str(eviction_problem(NODES, 1, 1, cached, set(), {9}, content=content))
+    assert "exactly the shortfall" in str(problem(1, {1, 2}, REFERENCE))  # block-exact lru: the same eviction fails
+    assert problem(1, {2}, REFERENCE) is None  # what lru evicts, lru_nodes accepts
+
+
+def test_node_eviction_leaves_the_blocks_an_add_reuses() -> None:
+    content = _identities([1, 2, 3], [1, 2, 3])
+    cached = {1: 0, 2: 0, 3: 0}
+    # the add reuses 1: what is left of the node is {2, 3}, evicted whole
+    assert eviction_problem(NODES, 1, 0, cached, {1}, {2, 3}, content=content) is None
+    assert "leaf end" in str(eviction_problem(NODES, 1, 0, cached, {1}, {2}, content=content))
+
+
+def test_block_ids_are_opaque() -> None:
+    keys = chain_keys([1, 2, 3, 4], "app", "w", REFERENCE, 2)
+    registered = {keys[0]: ["page-7", "page-3"], keys[1]: [("p", 8)]}
+    duplicates = PagedPolicy(duplicates="registered")
+    assert hit_candidates(registered, [1, 2, 3, 4, 0], "app", "w", duplicates, 2) == [["page-7", "page-3"], [("p", 8)]]
+    assert fits(1, 0, {"page-3", "page-7"}, {"page-3"}) and not fits(2, 0, {"page-3", "page-7"}, {"page-3"})
+    cached = {"page-1": 0, 13: 1}
+    assert eviction_problem(REFERENCE, 1, 0, cached, set(), {"page-1"}) is None
+    assert "cached after" in str(eviction_problem(REFERENCE, 1, 0, cached, set(), {13}))
+
+
+def test_the_new_policy_keys_are_read_and_contradictions_refused() -> None:
+    class Declares:
+        paged_policy: ClassVar[dict[str, object]] = {"eviction": "lru_nodes"}
+
+    assert PagedPolicy.of(Declares()) == NODES
+    Declares.paged_policy = {"duplicates": "registered", "hit_copy": "cached_first"}
+    assert PagedPolicy.of(Declares()).hit_copy == "cached_first" and REFERENCE.hit_copy == "any"
+    for bad in ({"hit_copy": "first"}, {"eviction": "lru_nodes", "duplicates": "registered"}):
         Declares.paged_policy = bad
         try:
             PagedPolicy.of(Declares())

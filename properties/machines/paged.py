@@ -123,9 +123,9 @@ class PagedCacheMachine(ConformanceMachine):
         what = f"create a pool of {self.num_blocks} blocks of {self.block_size}"
         self.pool = self.must(what, lambda: self.adapter.create_pool(self.config, self.block_size, self.num_blocks))
         self.live: dict[Hashable, Live] = {}
-        self.registered: dict[ChainKey, list[int]] = {}  # content identity -> the blocks registered with it
-        self.content: dict[int, ChainKey] = {}  # block -> the identity it is registered with
-        self.stamps: dict[int, int] = {}  # cached block -> when it was cached
+        self.registered: dict[ChainKey, list[Hashable]] = {}  # content identity -> the blocks registered with it
+        self.content: dict[Hashable, ChainKey] = {}  # block -> the identity it is registered with
+        self.stamps: dict[Hashable, int] = {}  # cached block -> when it was cached
         self.clock = 0
         self.history: list[tuple[list[int], str, int, Request]] = []  # earlier adds: tokens, scope, decoder, keys
         self._verified: dict[Hashable, tuple[Any, ...]] = {}  # sequence -> what its rows were checked as
@@ -139,9 +139,9 @@ class PagedCacheMachine(ConformanceMachine):
         total, free, cached, references, tables = fields(raw, ("total", "free", "cached", "references", "tables"),
                                                          what)
         try:
-            return PoolState(int(total), int(free), tuple(int(b) for b in cached),
-                             {int(b): int(n) for b, n in dict(references).items()},
-                             {sequence: tuple(int(b) for b in table) for sequence, table in dict(tables).items()})
+            return PoolState(int(total), int(free), tuple(map(_block_id, cached)),
+                             {_block_id(b): int(n) for b, n in dict(references).items()},
+                             {sequence: tuple(map(_block_id, table)) for sequence, table in dict(tables).items()})
         except (TypeError, ValueError) as error:
             raise NonConformance(f"{what}: malformed pool state: {error}", kind="malformed pool state") from error
 
@@ -177,15 +177,13 @@ class PagedCacheMachine(ConformanceMachine):
         if set(state.tables) != set(self.live):
             fail(f"the pool has tables for {sorted(map(repr, state.tables))}, but the live sequences are "
                  f"{sorted(map(repr, self.live))}")
-        held: Counter[int] = Counter()
+        held: Counter[Hashable] = Counter()
         for sequence, table in state.tables.items():
             wanted = blocks_for(len(self.live[sequence].tokens), self.block_size)
             if len(table) != wanted or len(set(table)) != len(table):
                 fail(f"sequence {sequence!r} of {len(self.live[sequence].tokens)} tokens has table {list(table)}, "
                      f"but needs {wanted} distinct blocks")
             held.update(table)
-        if any(not 0 <= b < self.num_blocks for b in (*held, *state.cached)):
-            fail(f"a block id outside [0, {self.num_blocks}): tables {state.tables}, cached {state.cached}")
         if state.references != dict(held):
             fail(f"reference counts {state.references}, but the tables hold {dict(held)}")
         if set(state.cached) & set(held) or len(set(state.cached)) != len(state.cached):
@@ -193,7 +191,7 @@ class PagedCacheMachine(ConformanceMachine):
         if state.free + len(held) + len(state.cached) != state.total:
             fail(f"free {state.free} + referenced {len(held)} + cached {len(state.cached)} != total {state.total}")
 
-    def _settle(self, after: PoolState, before: PoolState, needed: int, what: str, hit: set[int] = frozenset()) \
+    def _settle(self, after: PoolState, before: PoolState, needed: int, what: str, hit: set[Hashable] = frozenset()) \
             -> None:  # type: ignore[assignment]
         """Learn what the step registered and evicted (``hit``: the cached blocks an add reused), and check
         that against the rules."""
@@ -204,7 +202,7 @@ class PagedCacheMachine(ConformanceMachine):
         same_content = {b for b in returned if (b, self.content.get(b)) in placed}
         evicted = returned - same_content
         problem = eviction_problem(self.policy, needed, before.free, {b: self.stamps[b] for b in before.cached},
-                                   hit, evicted, same_content)
+                                   hit, evicted, same_content, content=self.content, block_size=self.block_size)
         if problem:
             raise NonConformance(f"{what}: {problem}", kind="eviction against the declared policy")
         for block in evicted:
@@ -241,7 +239,7 @@ class PagedCacheMachine(ConformanceMachine):
         self.clock += 1
         self.state = after
 
-    def _show(self, block: int) -> str:
+    def _show(self, block: Hashable) -> str:
         return _describe(self.content[block])
 
     def _rejected(self, what: str, expected: ErrorKind, claim: str, action: Callable[[], Any],
@@ -282,14 +280,16 @@ class PagedCacheMachine(ConformanceMachine):
         # even then, it must be refused).
         worst = {next((b for b in blocks if b in cached), blocks[0]) for blocks in candidates}
         best = {next((b for b in blocks if b not in cached), blocks[0]) for blocks in candidates}
-        if not fits(needed, before.free, cached, best):
+        # A pool that hits cached copies first has no choice left: it fits exactly when it fits with them.
+        cached_first = self.policy.hit_copy == "cached_first"
+        if not fits(needed, before.free, cached, worst if cached_first else best):
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return None
         due = VALID if fits(needed, before.free, cached, worst) else Due(may_refuse=ErrorKind.FULL)
         if fork_of is None:
             reference = self._oracle(weights, tokens)
             judged = self.call(what, action, due=due, inputs=handed, observe=lambda: self._observed(what),
-                               replace=self._new_pool, reused=len(hit) * self.block_size, blocks=hit)
+                               replace=self._new_pool, reused=len(hit) * self.block_size, blocks=_recorded(hit))
             if not judged.to_judge:
                 return None
             sequence, logits, reused = fields(judged.value, ("sequence", "logits", "reused"), what)
@@ -303,7 +303,7 @@ class PagedCacheMachine(ConformanceMachine):
                              check="logits", axes=("row", "vocab id"))
         else:
             judged = self.call(what, action, due=due, observe=lambda: self._observed(what), replace=self._new_pool,
-                               reused=len(hit) * self.block_size, blocks=hit)
+                               reused=len(hit) * self.block_size, blocks=_recorded(hit))
             if not judged.to_judge:
                 return None
             sequence = judged.value
@@ -318,6 +318,13 @@ class PagedCacheMachine(ConformanceMachine):
             shown = hit if all(len(blocks) == 1 for blocks in candidates) else candidates
             raise NonConformance(f"{what}: its table starts {list(table[:len(hit)])}, but must reuse the registered "
                                  f"blocks {shown}", kind="reuse differs from the rules")
+        if cached_first:
+            passed = [(b, [c for c in blocks if c in cached]) for b, blocks in zip(table, candidates)]
+            missed = [(b, copies) for b, copies in passed if copies and b not in copies]
+            if missed:
+                raise NonConformance(f"{what}: took block {missed[0][0]!r}, but the declared hit_copy "
+                                     f"'cached_first' takes a cached copy, here of {missed[0][1]}",
+                                     kind="reuse differs from the rules")
         self._settle(after, before, needed, what, set(table[:len(hit)]))
         return sequence
 
@@ -624,6 +631,30 @@ class PagedCacheMachine(ConformanceMachine):
             if sequence in self.live:
                 self._free(sequence)
 
+    @rule(data=st.data(), when=lambda self: self.policy.duplicates == "registered" and not self.state.cached
+          and self.state.free >= 2)
+    def with_duplicates_hit_a_cached_and_an_in_use_copy(self, data: Draws) -> None:
+        """A prompt of whole blocks added twice (its last block recomputed: a registered duplicate), one of the two
+        freed, the pool perhaps filled, then the prompt extended: its hit has a cached and an in-use copy to take
+        (any, or the cached one under "hit_copy": "cached_first", with full due exactly when that leaves no room)."""
+        full = data.draw(st.integers(1, min(3, (MAX_LENGTH - 1) // self.block_size, self.state.free - 1)),
+                         label="full blocks")
+        tokens = data.draw(g.token_lists(self.config.vocab, full * self.block_size, full * self.block_size),
+                           label="tokens")
+        added = [self._add(tokens, SCOPES[0], 0), self._add(tokens, SCOPES[0], 0)]
+        added = [q for q in added if q is not None and q in self.live]  # None: refused
+        if added:
+            self._free(added[data.choose(range(len(added)), "freed")])
+        fillers = []
+        while data.draw(st.booleans(), label="fill the pool") and self.state.free:  # free blocks only: no eviction
+            filler = data.draw(g.token_lists(self.config.vocab, 1, min(MAX_LENGTH, self.state.free * self.block_size)),
+                               label="filler")
+            fillers.append(self._add(filler, SCOPES[1], 0))
+        self._add([*tokens, data.draw(st.integers(0, self.config.vocab - 1), label="extension")], SCOPES[0], 0)
+        for sequence in fillers:
+            if sequence in self.live:
+                self._free(sequence)
+
     @rule(data=st.data())
     def update_weights_in_place(self, data: Draws) -> None:
         """A weight update: new adds must not reuse rows of the old weights. Where the declared hash leaves the
@@ -656,7 +687,7 @@ class PagedCacheMachine(ConformanceMachine):
             raise NonConformance(f"{what}: reading the pool changed it ({self.state} -> {state})",
                                  kind="pool accounting")
         self._check_accounting(state, what)
-        holders: dict[int, list[tuple[Hashable, int, list[int], Any]]] = {}
+        holders: dict[Hashable, list[tuple[Hashable, int, list[int], Any]]] = {}
         for sequence, table in state.tables.items():
             live = self.live[sequence]
             for index, block in enumerate(table):
@@ -682,6 +713,20 @@ class PagedCacheMachine(ConformanceMachine):
                                     f"{what}: sequence {sequence!r} ({live.tokens}, scope {live.scope!r})")
             verified[sequence] = fingerprint
         self._verified = verified
+
+
+def _block_id(block: Any) -> Hashable:
+    """A block id as the adapter reported it, numpy integers as ints: ids are opaque, any hashable value."""
+    if isinstance(block, np.integer):
+        return int(block)
+    if not isinstance(block, Hashable):
+        raise TypeError(f"block id {block!r} is not hashable")
+    return block
+
+
+def _recorded(blocks: list[Hashable]) -> list[Any]:
+    """Block ids for a trace: numbers and strings as they are, any other id by its repr (a note for people)."""
+    return [b if isinstance(b, (int, str)) else repr(b) for b in blocks]
 
 
 def _describe(key: ChainKey) -> str:

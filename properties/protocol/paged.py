@@ -20,12 +20,14 @@ from .decoder import BlockState, DecoderAdapter
 PAGED_PREFIX_SHARING = "paged_prefix_sharing"
 HASH_KEYS = ("scope", "signature", "lora", "multimodal", "salt")  # what a block hash may cover besides parent, tokens
 REQUEST_KEYS = ("lora", "multimodal", "salt")  # the keys given with each add, when declared ("" means none)
-EVICTIONS = ("lru", "all_at_once")  # least recently cached first, one block at a time; or every cached block
+EVICTIONS = ("lru", "all_at_once", "lru_nodes")  # least recently cached first, one block at a time; every cached
+# block; or whole least recently cached nodes, possibly more than the shortfall (a radix tree's leaves, SGLang)
 HIT_LIMITS = ("before_last_token", "before_last_full_block", "drops_last_hit")  # (len-1)//bs; len//bs - 1; and
 # the first, then one block fewer than matched (vLLM with an EAGLE draft head)
 FORKS = ("shared", "re_add", "none")  # share the parent's blocks; add its tokens again; no paged_fork
 DUPLICATES = ("private_or_swap", "registered")  # a block that fills with registered content: either of the first
 # two readings of docs/spec.md §14.3; or registered as well, several blocks per identity (vLLM v1)
+HIT_COPIES = ("any", "cached_first")  # of several registered copies a hit takes any; or a cached one where one is
 
 
 class PolicyError(TypeError):
@@ -43,7 +45,9 @@ class PagedPolicy:
       ``"multimodal"``, ``"salt"``: request keys (``REQUEST_KEYS``), given to
       every ``paged_add`` as ``keys``; each is a key of its own ("" means none).
     - ``eviction``: ``"lru"`` (evict exactly the shortfall, least recently
-      cached first) or ``"all_at_once"`` (every cached block, when short).
+      cached first), ``"all_at_once"`` (every cached block, when short) or
+      ``"lru_nodes"`` (whole nodes, least recently cached first, until the
+      shortfall is met: docs/spec.md §14.6).
     - ``hit_limit``: ``"before_last_token"`` (at most ``(len-1)//bs`` full
       blocks: the last token is always recomputed), ``"before_last_full_block"``
       (at most ``len//bs - 1``) or ``"drops_last_hit"`` (as the first, then the
@@ -59,6 +63,10 @@ class PagedPolicy:
       registered block) or ``"registered"`` (it is registered too: several
       blocks per identity, each cached and evicted on its own; a hit may take
       any of them).
+    - ``hit_copy``: ``"any"`` (a hit may take any registered copy; an add
+      that fits only with referenced copies may refuse) or ``"cached_first"``
+      (a hit takes a cached copy wherever one exists, and ``full`` is due
+      exactly when the add does not fit with those copies).
     """
 
     hash_keys: frozenset[str] = frozenset({"scope", "signature"})
@@ -67,6 +75,7 @@ class PagedPolicy:
     truncate: bool = True
     fork: str = "shared"
     duplicates: str = "private_or_swap"
+    hit_copy: str = "any"
 
     @classmethod
     def of(cls, adapter: Any) -> PagedPolicy:
@@ -75,7 +84,7 @@ class PagedPolicy:
             return cls()
         if not isinstance(given, Mapping):
             raise PolicyError(f"paged_policy must be a mapping, got {type(given).__name__}")
-        known = ("hash_keys", "eviction", "hit_limit", "truncate", "fork", "duplicates")
+        known = ("hash_keys", "eviction", "hit_limit", "truncate", "fork", "duplicates", "hit_copy")
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise PolicyError(f"paged_policy: unknown key {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
@@ -96,7 +105,13 @@ class PagedPolicy:
         duplicates = given.get("duplicates", "private_or_swap")
         if duplicates not in DUPLICATES:
             raise PolicyError(f"paged_policy['duplicates'] must be one of {list(DUPLICATES)}, got {duplicates!r}")
-        return cls(frozenset(keys), eviction, hit_limit, truncate, fork, duplicates)
+        hit_copy = given.get("hit_copy", "any")
+        if hit_copy not in HIT_COPIES:
+            raise PolicyError(f"paged_policy['hit_copy'] must be one of {list(HIT_COPIES)}, got {hit_copy!r}")
+        if eviction == "lru_nodes" and duplicates == "registered":  # a node is a run of prefixes, one block each
+            raise PolicyError("paged_policy: 'eviction': 'lru_nodes' and 'duplicates': 'registered' contradict each "
+                              "other: a node holds one block per prefix (docs/spec.md §14.1)")
+        return cls(frozenset(keys), eviction, hit_limit, truncate, fork, duplicates, hit_copy)
 
     @property
     def request_keys(self) -> tuple[str, ...]:
@@ -110,7 +125,7 @@ class PagedPolicy:
     def described(self) -> dict[str, Any]:
         """For reports and failure messages."""
         return {"hash_keys": sorted(self.hash_keys), "eviction": self.eviction, "hit_limit": self.hit_limit,
-                "truncate": self.truncate, "fork": self.fork, "duplicates": self.duplicates}
+                "truncate": self.truncate, "fork": self.fork, "duplicates": self.duplicates, "hit_copy": self.hit_copy}
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,14 +144,16 @@ class PoolState:
     ``free``: how many blocks hold nothing; ``cached``: blocks no table holds,
     kept for their registered content (any order); ``references``: block ->
     how many tables hold it, for every block some table holds; ``tables``:
-    sequence id -> its blocks, the block of rows ``0..bs-1`` first.
+    sequence id -> its blocks, the block of rows ``0..bs-1`` first. Block ids
+    are opaque: any hashable values, each naming one block while it is held
+    or cached (numbers from 1, strings...).
     """
 
     total: int
     free: int
-    cached: tuple[int, ...]
-    references: dict[int, int]
-    tables: dict[Hashable, tuple[int, ...]]
+    cached: tuple[Hashable, ...]
+    references: dict[Hashable, int]
+    tables: dict[Hashable, tuple[Hashable, ...]]
 
 
 @runtime_checkable
