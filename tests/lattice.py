@@ -23,13 +23,18 @@ from examples.minimal_adapter import (
 )
 from impl.cache import LayerKvCache
 from impl.conformance import (
+    CachedFirstPagedAdapter,
     KeepsEveryRowAdapter,
+    NodeLruPagedAdapter,
+    PaddingPagePagedAdapter,
     QuantizedReferenceAdapter,
     ReferenceAdapter,
+    RegisteredDuplicatesPagedAdapter,
     SinksRingAdapter,
     UncheckedCapacityAdapter,
     WindowUntilFullAdapter,
 )
+from impl.paged_cache import PoolState
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
@@ -376,6 +381,60 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-clamping-buffer", REFERENCE - {"fixed_capacity"}, ClampingBuffer()), "layer_cache",
         {}, "an accepted call changed a row held before it"),
 }
+
+
+# -- paged declarations: hits of cached copies, node eviction, opaque block ids (#23) -----------------------------
+
+class OpaqueBlockIds(ReferenceAdapter):
+    """A pool whose block ids are strings ("page-1", ...), its pages numbered from 1: ids are any hashables."""
+
+    padding_page: ClassVar[bool] = True
+
+    def paged_state(self, pool: Any) -> Any:
+        state = super().paged_state(pool)
+        return _renamed(state, lambda sequence, block: f"page-{block}")
+
+
+class BlockIdsPerTable(ReferenceAdapter):
+    """A pool that names each block after the table holding it: one block, two names, its sharing hidden."""
+
+    def paged_state(self, pool: Any) -> Any:
+        state = super().paged_state(pool)
+        return _renamed(state, lambda sequence, block: f"{sequence}:{block}")
+
+
+def _renamed(state: Any, name: Callable[[Any, int], Any]) -> Any:
+    """``state`` with each held block named ``name(sequence, block)`` and each cached one ``name(None, block)``."""
+    tables = {sequence: tuple(name(sequence, b) for b in table) for sequence, table in state.tables.items()}
+    references: dict[Any, int] = {}
+    for table in tables.values():
+        for block in table:
+            references[block] = references.get(block, 0) + 1
+    return PoolState(state.total, state.free, tuple(name(None, b) for b in state.cached), references, tables)
+
+
+VARIANTS.update({
+    "policy-hit-copy-cached-first": lambda: Declared("policy-hit-copy-cached-first", REFERENCE,
+                                                     CachedFirstPagedAdapter(),
+                                                     paged_policy=CachedFirstPagedAdapter.paged_policy),
+    "policy-evict-lru-nodes": lambda: Declared("policy-evict-lru-nodes", REFERENCE, NodeLruPagedAdapter(),
+                                               paged_policy=NodeLruPagedAdapter.paged_policy),
+    "paged-pages-from-one": lambda: Declared("paged-pages-from-one", REFERENCE, PaddingPagePagedAdapter()),
+    "paged-block-ids-opaque": lambda: Declared("paged-block-ids-opaque", REFERENCE, OpaqueBlockIds()),
+})
+TWINS.update({
+    # hits any copy (the first registered), declares that it hits cached copies first
+    "policy-any-copy-claims-cached-first": (lambda: Declared(
+        "twin-claims-cached-first", REFERENCE, RegisteredDuplicatesPagedAdapter(),
+        paged_policy=CachedFirstPagedAdapter.paged_policy), "paged", {}, ""),  # the copy taken, or full not raised
+    # evicts whole nodes, declares block-exact lru: the issue's radix cache, failed inside add
+    "policy-evict-lru-nodes-claims-lru": (lambda: Declared(
+        "twin-nodes-claim-lru", REFERENCE, NodeLruPagedAdapter(), paged_policy=ReferenceAdapter.paged_policy),
+        "paged", {}, "eviction against the declared policy"),
+    # ids are opaque, but an id names one block: named per table, a shared block is counted twice
+    "paged-block-ids-per-table": (lambda: Declared("twin-block-ids-per-table", REFERENCE, BlockIdsPerTable()),
+                                  "paged", {}, ""),
+})
 
 
 def variant(name: str) -> Any:

@@ -499,6 +499,38 @@ MUTANTS = (
              "        (copy,) = self._take(1)  # a fresh block: its rows are whatever it held\n"
              "        self._release_all([block])\n"),),
            "copy-on-write takes a fresh block without copying the shared block's rows into it", "paged"),
+    # -- paged declarations: hits of cached copies, node eviction, opaque block ids (#23) --
+    Mutant("paged_cached_first_takes_the_first_copy", "paged_cache.py",
+           (("            hit.append((cached or blocks)[0])\n", "            hit.append(blocks[0])\n"),),
+           "declares hit_copy cached_first, but a hit takes the first registered copy, in use or not", "paged",
+           factory="make_cached_first_paged_adapter"),
+    Mutant("paged_cached_first_falls_back_to_referenced_copies", "paged_cache.py",
+           (("        hit = self._longest_hit(ids, scope, signature, request)\n",
+             "        hit = self._longest_hit(ids, scope, signature, request)\n"
+             "        if self._blocks_for(len(ids)) - len(hit) > len(self._free) + sum(\n"
+             "                b not in hit for b in self._cached):  # short with the cached copies: the first ones\n"
+             "            hit = [self._block_of[self._hash_of[b]][0] for b in hit]\n"),),
+           "declares hit_copy cached_first, but where the cached copies leave too little room it takes in-use copies "
+           "and goes ahead instead of raising full", "paged", factory="make_cached_first_paged_adapter"),
+    Mutant("paged_lru_nodes_evicts_past_the_shortfall", "paged_cache.py",
+           (("            if len(victims) >= shortfall:\n", "            if len(victims) > shortfall:\n"),),
+           "declares lru_nodes, but evicts one node more whenever the nodes evicted meet the shortfall exactly",
+           "paged", factory="make_node_lru_paged_adapter"),
+    Mutant("paged_lru_nodes_newest_first", "paged_cache.py",
+           (("        for node in dict.fromkeys(self._cached.values()):  # nodes, oldest first\n",
+             "        for node in reversed(list(dict.fromkeys(self._cached.values()))):\n"),),
+           "declares lru_nodes, but evicts the most recently cached node first", "paged",
+           factory="make_node_lru_paged_adapter"),
+    Mutant("paged_padding_page_handed_out", "paged_cache.py",
+           (("        self._free = list(range(pages - 1, first - 1, -1))",
+             "        self._free = list(range(num_blocks - 1, -1, -1))"),),
+           "numbers its blocks 0..n-1 although page 0 is padding: the sequence given page 0 has its rows overwritten "
+           "by every padded write", "paged", factory="make_padding_page_paged_adapter"),
+    Mutant("paged_padding_page_counts_one_short", "paged_cache.py",
+           (("        self._references = np.zeros(pages, dtype=np.int64)\n",
+             "        self._references = np.zeros(num_blocks, dtype=np.int64)\n"),),
+           "sizes the reference counts by the block count, as if ids were 0..n-1: counting the last page raises, "
+           "after the block was taken", "paged", factory="make_padding_page_paged_adapter"),
     Mutant("transcendentals_exp_in_float16", "functions.py",
            (("        return self._of(np.exp, x)\n", "        return Functions(\"float16\")._of(np.exp, x)\n"),),
            "declares exp, cos and sin of float32 accuracy; its exp has float16's",
