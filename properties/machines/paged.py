@@ -38,7 +38,7 @@ from ..oracle import FLOAT64, DecoderWeights, NumberSystem, random_decoder_weigh
 from ..protocol.decoder import BlockState
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.paged import PAGED_PREFIX_SHARING, PagedPolicy, PoolState
-from ..traces.recording import Draws, initialize, invariant, rule
+from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
 from .base import (
     ConformanceMachine,
     DecoderOracle,
@@ -112,6 +112,9 @@ class PagedCacheMachine(ConformanceMachine):
         # Two computations share one pool only where the hash keeps them apart (declared "signature").
         count = 2 if "signature" in self.policy.hash_keys else 1
         seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=count, max_size=count), label="seeds")
+        if len(seeds) > count:  # only a trace recorded under a hash with the signature gives more
+            raise NotApplicable("the recorded pool serves two computations, but this paged_policy's hash_keys leave "
+                                "out the signature: one pool per computation is promised (docs/spec.md §14.2)")
         self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
         self.decoders = [create_decoder(self, self.config, weights) for weights in self.weights]
         self.block_size = data.draw(st.integers(1, MAX_BLOCK_SIZE), label="block size")
