@@ -10,12 +10,20 @@ within the declarations, so what passed the gate never meets an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..protocol.declarations import LAYER_METHODS, LayerLimits, drives_layer_caches
+from ..protocol.declarations import (
+    LAYER_METHODS,
+    LayerLimits,
+    declared_dtype,
+    declared_precision,
+    declared_storage,
+    drives_layer_caches,
+)
 from ..protocol.kinds import Capability, declared
+from ..protocol.paged import PagedPolicy
 from .layers import layer_families
 
 Alternatives = tuple[frozenset[str], ...]  # one of these sets of capabilities, all of the set
@@ -34,6 +42,55 @@ DECODER_POSITIONS = one_of([Capability.POSITIONS_SINUSOIDAL],
                            [Capability.POSITIONS_ROPE, Capability.ROPE_HALF_SPLIT])
 
 
+class UnknownDeclaration(ValueError):
+    """A declaration name no entry of ``DECLARATIONS`` reads (a rule's ``relies_on``, or a trace of a newer suite)."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A declaration besides capabilities that what a machine draws may depend on: how to read it from an adapter
+    (a JSON value, the one a trace records), and which declared values admit a program drawn under another."""
+
+    read: Callable[[Any], Any]
+    admits: Callable[[Any, Any], bool] = lambda recorded, declared: recorded == declared  # (recorded, here)
+
+
+def _storage(adapter: Any) -> dict[str, Any] | None:
+    storage = declared_storage(adapter)
+    return None if storage is None else asdict(storage)
+
+
+# By the names the guide gives them (docs/adapters.md). Only what shapes the draws or decides whether a rule may
+# run is here: what only shapes the expectations (a hit limit, the eviction, duplicates, the scope in the hash)
+# is recomputed under the replaying adapter's declaration, and judged there.
+DECLARATIONS: dict[str, Declaration] = {
+    # one decoder per pool without "signature": a program of two mixes weights the pool is promised never to see
+    "paged_policy.hash_keys signature": Declaration(lambda a: "signature" in PagedPolicy.of(a).hash_keys),
+    # a value drawn per declared request key; a program that drew none is valid under any (each "" then)
+    "paged_policy.request_keys": Declaration(lambda a: list(PagedPolicy.of(a).request_keys),
+                                             lambda recorded, here: not recorded or recorded == here),
+    "paged_policy.truncate": Declaration(lambda a: PagedPolicy.of(a).truncate),
+    # a program that forks runs under any fork but "none" (each judged as its pool declares)
+    "paged_policy.fork": Declaration(lambda a: PagedPolicy.of(a).fork,
+                                     lambda recorded, here: recorded == here or "none" not in (recorded, here)),
+    "dtype": Declaration(declared_dtype),
+    "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
+    "storage": Declaration(_storage),
+}
+
+
+def declaration(name: str) -> Declaration:
+    found = DECLARATIONS.get(name)
+    if found is None:
+        raise UnknownDeclaration(f"no declaration {name!r}; the suite reads {', '.join(sorted(DECLARATIONS))}")
+    return found
+
+
+def declared_values(adapter: Any, names: Iterable[str]) -> dict[str, Any]:
+    """What ``adapter`` declares of each of ``names`` (JSON values: a trace records them)."""
+    return {name: declaration(name).read(adapter) for name in sorted(names)}
+
+
 @dataclass(frozen=True)
 class Needs:
     """Capabilities all of which, and groups of alternatives one of each of which, an adapter must declare; and
@@ -44,6 +101,8 @@ class Needs:
     layer_caches: bool = False  # the adapter must drive layer caches (have the layer-cache methods)
     families: tuple[tuple[str | None, bool | None], ...] | None = None  # (style, grouped); None: any
     why: dict[str, str] = field(default_factory=dict, compare=False)  # what an alternatives group stands for
+    # (name, value recorded, what relied on it): a trace's program was drawn under these declarations
+    declarations: tuple[tuple[str, Any, str], ...] = ()
 
     @classmethod
     def of(cls, *capabilities: Any, alternatives: Iterable[tuple[str, Alternatives]] = (),
@@ -51,6 +110,19 @@ class Needs:
         named = list(alternatives)
         return cls(frozenset(str(getattr(c, "value", c)) for c in capabilities), tuple(a for _, a in named),
                    layer_caches or families is not None, families, {str(i): name for i, (name, _) in enumerate(named)})
+
+    @classmethod
+    def drawn_under(cls, recorded: Mapping[str, Any]) -> Needs:
+        """A trace's program, drawn under ``recorded`` declarations (its ``declarations``: name -> {"value",
+        "relied_on_by"}): applicable where the adapter's declarations admit it. UnknownDeclaration for a name
+        this suite does not read."""
+        kept = []
+        for name, entry in sorted(recorded.items()):
+            declaration(name)
+            if not isinstance(entry, Mapping) or "value" not in entry:
+                raise UnknownDeclaration(f"declaration {name!r}: expected {{'value', 'relied_on_by'}}, got {entry!r}")
+            kept.append((name, entry["value"], ", ".join(entry.get("relied_on_by", ())) or "the program"))
+        return cls(declarations=tuple(kept))
 
     def problem(self, adapter: Any) -> str | None:
         """Why ``adapter`` is not offered what needs this (None: it is)."""
@@ -74,4 +146,14 @@ class Needs:
                 described = limits.described()
                 return (f"{name} can build no layer of this kind within what it declares"
                         + (f" (layer_limits {described})" if described else ""))
+        for declared_name, recorded, relied_on_by in self.declarations:
+            here = declaration(declared_name).read(adapter)
+            if not declaration(declared_name).admits(recorded, here):
+                return (f"{name} declares {declared_name} {here!r}, but the trace was drawn under {recorded!r}, "
+                        f"which {relied_on_by} relied on")
         return None
+
+
+def declared_here(adapter: Any, names: Iterable[str]) -> str:
+    """``names`` with what ``adapter`` declares of each, for a skip reason."""
+    return ", ".join(f"{name} {value!r}" for name, value in declared_values(adapter, names).items())

@@ -228,7 +228,8 @@ class LayerSteps(ConformanceMachine):
     # float64 only: a peaked row's inputs reach 60, and the low-precision budget is not calibrated there --
     # the thorough profile found a float32 cancellation (terms ~34, output 0.86) the naive run escaped by luck.
     @rule(data=st.data(), when=lambda self: not self.model.rows and not self.model.stale and self.facts["peaks"]
-          and self.judge.dtype == "float64" and not self.judge.components and self.judge.storage is None)
+          and self.judge.dtype == "float64" and not self.judge.components and self.judge.storage is None,
+          relies_on=["dtype", "mixed_precision", "storage"])
     def append_peaked_row(self, data: Draws) -> None:
         """A first row whose lone score is +-750: exp overflows or underflows unless shifted."""
         feature, scale = data.draw(st.sampled_from(self.facts["peaks"]), label="feature, scale")
@@ -239,7 +240,7 @@ class LayerSteps(ConformanceMachine):
         self.model.peaked = True
 
     @rule(data=st.data(), when=lambda self: self.frozen_scale and self.model.calibration is None
-          and not self.model.stale and len(self.model.rows) + 2 <= self.config.capacity)
+          and not self.model.stale and len(self.model.rows) + 2 <= self.config.capacity, relies_on=["storage"])
     def append_zero_first_row_then_a_row(self, data: Draws) -> None:
         """A frozen scale calibrated on an all-zero first update: where every value it is computed from is 0 the
         scale is 1 (docs/spec.md §13.6), and a later row must not read back as 0."""
@@ -293,7 +294,7 @@ class LayerSteps(ConformanceMachine):
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._due(non_finite=True), f"append a row overflowing only {name} feature {column}")
 
-    @rule(data=st.data(), when=lambda self: self.score_overflows)
+    @rule(data=st.data(), when=lambda self: self.score_overflows, relies_on=["storage"])  # (what is stored)
     def append_row_overflowing_a_score(self, data: Draws) -> None:
         """Finite q, k and v, but the score with the row's own key overflows -- to -inf too, which softmax
         weighs 0 beside finite scores, leaving a finite output: only a check of the scores rejects it."""

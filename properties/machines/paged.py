@@ -68,6 +68,9 @@ MAX_LENGTH = 10  # tokens per sequence: the oracle recomputes every live one aft
 MAX_BLOCK_SIZE, MAX_BLOCKS = 3, 8
 INVALID_LENGTHS = ("one past the length", "negative", "a bool", "an integral float", "a string")
 VARIANTS = ("same", "extend", "prefix", "edit")  # adds built from an earlier one, to make prefixes meet
+# The policy's parts that shape what is drawn (generate.needs.DECLARATIONS); the rest only shapes the expectations.
+SIGNATURE, REQUEST_KEYS = "paged_policy.hash_keys signature", "paged_policy.request_keys"
+TRUNCATE, FORK = "paged_policy.truncate", "paged_policy.fork"
 
 
 @dataclass
@@ -105,16 +108,17 @@ class PagedCacheMachine(ConformanceMachine):
 
     # -- set-up --------------------------------------------------------------------------------------------
 
-    @initialize(data=st.data())
+    @initialize(data=st.data(), relies_on=[SIGNATURE])
     def build_pool(self, data: Draws) -> None:
         """A pool of drawn block size and count for a decoder of a declared position convention."""
         self.config = data.draw(g.paged_decoder_configs(self.capabilities), label="decoder")
         # Two computations share one pool only where the hash keeps them apart (declared "signature").
         count = 2 if "signature" in self.policy.hash_keys else 1
         seeds = data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=count, max_size=count), label="seeds")
-        if len(seeds) > count:  # only a trace recorded under a hash with the signature gives more
-            raise NotApplicable("the recorded pool serves two computations, but this paged_policy's hash_keys leave "
-                                "out the signature: one pool per computation is promised (docs/spec.md §14.2)")
+        if len(seeds) != count:  # a replayed trace older than its recorded declarations (format 3 and before)
+            raise NotApplicable(f"the trace creates {len(seeds)} decoders in one pool, but {self.adapter.name} "
+                                f"declares {SIGNATURE} {count == 2} (paged_policy hash_keys "
+                                f"{sorted(self.policy.hash_keys)}; without 'signature', one computation per pool)")
         self.weights = [random_decoder_weights(self.config, seed) for seed in seeds]
         self.decoders = [create_decoder(self, self.config, weights) for weights in self.weights]
         self.block_size = data.draw(st.integers(1, MAX_BLOCK_SIZE), label="block size")
@@ -488,7 +492,7 @@ class PagedCacheMachine(ConformanceMachine):
 
     # -- rules -----------------------------------------------------------------------------------------------------
 
-    @rule(data=st.data())
+    @rule(data=st.data(), relies_on=[REQUEST_KEYS])
     def add(self, data: Draws) -> None:
         """A new sequence: its leading full blocks whose identities are registered are reused, up to the hit limit."""
         self._add(*self._tokens(data))
@@ -502,7 +506,7 @@ class PagedCacheMachine(ConformanceMachine):
         for scope in (SCOPES[0], SCOPES[1], SCOPES[0]):
             self._add(tokens, scope, index)
 
-    @rule(data=st.data(), when=lambda self: bool(self.policy.request_keys))
+    @rule(data=st.data(), when=lambda self: bool(self.policy.request_keys), relies_on=[REQUEST_KEYS])
     def add_one_value_under_each_request_key(self, data: Draws) -> None:
         """One prompt of two or more blocks with no request key, then with the same value under each declared
         request key in turn, then with none again: nothing shared between them, except with the first (a hash of
@@ -520,13 +524,13 @@ class PagedCacheMachine(ConformanceMachine):
         room = MAX_LENGTH - len(self.live[sequence].tokens)
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, min(3, room)), label="tokens"))
 
-    @rule(data=st.data(), when=lambda self: self._forkable())
+    @rule(data=st.data(), when=lambda self: self._forkable(), relies_on=[FORK])
     def fork(self, data: Draws) -> None:
         """A new sequence sharing the parent's full blocks, with a private copy of a partial last block (full if
         no block is free for it); with ``"fork": "re_add"``, what adding the parent's tokens again would give."""
         self._fork(self._pick(data, self._forkable(), "sequence"))
 
-    @rule(data=st.data(), when=lambda self: self._forkable(longest=MAX_LENGTH - 1))
+    @rule(data=st.data(), when=lambda self: self._forkable(longest=MAX_LENGTH - 1), relies_on=[FORK])
     def fork_and_append_to_both(self, data: Draws) -> None:
         """A fork, then tokens appended to parent and child: neither may see the other's rows."""
         sequence = self._pick(data, self._forkable(longest=MAX_LENGTH - 1), "sequence")
@@ -535,14 +539,14 @@ class PagedCacheMachine(ConformanceMachine):
             if target in self.live:
                 self._append(target, data.draw(g.token_lists(self.config.vocab, 1, 1), label="tokens"))
 
-    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh(), relies_on=[TRUNCATE])
     def truncate(self, data: Draws) -> None:
         """Keep the first k tokens (with "truncate": True in paged_policy): the table keeps its first ceil(k / bs)
         blocks."""
         sequence = self._pick(data, self._fresh(), "sequence")
         self._truncate(sequence, data.draw(st.integers(0, len(self.live[sequence].tokens)), label="keep"))
 
-    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh(shortest=2))
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh(shortest=2), relies_on=[TRUNCATE])
     def truncate_into_a_shared_block_then_append(self, data: Draws) -> None:
         """Two sequences share a block (a fork); one is cut inside it and grows again with other tokens: it must
         copy the block first, and the other keeps its rows."""
@@ -553,7 +557,7 @@ class PagedCacheMachine(ConformanceMachine):
         self._append(sequence, data.draw(g.token_lists(self.config.vocab, 1, 2), label="tokens"))
 
     @rule(data=st.data(), when=lambda self: self.policy.truncate and self.block_size >= 2
-          and self._fresh(shortest=2, longest=MAX_LENGTH - 1))
+          and self._fresh(shortest=2, longest=MAX_LENGTH - 1), relies_on=[TRUNCATE])
     def truncate_inside_a_shared_block_then_append(self, data: Draws) -> None:
         """The copy-on-write that must copy rows: a short sequence of other tokens is added and freed (its
         partial block goes back to the free blocks holding its rows), a sequence is forked, cut inside a
@@ -572,7 +576,7 @@ class PagedCacheMachine(ConformanceMachine):
         self._truncate(sequence, cuts[data.choose(range(len(cuts)), "cut")])
         self._append(sequence, data.draw(g.token_lists(vocab, 1, 2), label="tokens"))
 
-    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh())
+    @rule(data=st.data(), when=lambda self: self.policy.truncate and self._fresh(), relies_on=[TRUNCATE])
     def truncate_to_an_invalid_length(self, data: Draws) -> None:
         """invalid_length where validates_length is claimed; from every adapter, if it raises, nothing changed."""
         sequence = self._pick(data, self._fresh(), "sequence")
@@ -658,7 +662,7 @@ class PagedCacheMachine(ConformanceMachine):
             if sequence in self.live:
                 self._free(sequence)
 
-    @rule(data=st.data())
+    @rule(data=st.data(), relies_on=[SIGNATURE])
     def update_weights_in_place(self, data: Draws) -> None:
         """A weight update: new adds must not reuse rows of the old weights. Where the declared hash leaves the
         signature out, the pool belongs to one computation, and the update comes with a new pool."""
@@ -672,7 +676,7 @@ class PagedCacheMachine(ConformanceMachine):
         for live in self.live.values():
             live.stale = live.stale or live.decoder == index
 
-    @rule(data=st.data(), when=lambda self: any(live.stale for live in self.live.values()))
+    @rule(data=st.data(), when=lambda self: any(live.stale for live in self.live.values()), relies_on=[SIGNATURE])
     def append_to_a_stale_sequence(self, data: Draws) -> None:
         """revision_mismatch where binding_checks is claimed; if it raises, nothing changed."""
         sequence = self._pick(data, [q for q, live in self.live.items() if live.stale], "sequence")

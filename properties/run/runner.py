@@ -25,7 +25,7 @@ from hypothesis.errors import Unsatisfiable
 from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import run_state_machine_as_test
 
-from ..generate.needs import Needs
+from ..generate.needs import Needs, declared_values
 from ..judge.calls import AdapterHung
 from ..judge.failures import Cause, NonConformance, SuiteError, cause_of, check_of, is_suite_error, kind_of
 from ..judge.tolerance import closer_to_failing
@@ -171,6 +171,8 @@ def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_
               requires: tuple[str, ...], numbers: NumberSystem, instance: recording.TracedMachine,
               result: RunResult) -> dict[str, Any]:
     tape = instance.tape
+    relied_on = MACHINES[machine].relied_on(step.rule for step in tape.steps)
+    drawn_under = declared_values(adapter, relied_on)
     return {
         "format": codec.FORMAT,
         "format_version": codec.FORMAT_VERSION,
@@ -178,6 +180,9 @@ def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_
         "machine": machine,
         "parameters": {k: codec.encode(v) for k, v in parameters.items()},
         "requires": sorted(requires),
+        # what the program's draws relied on besides capabilities: replayed only where these admit it
+        "declarations": {name: {"value": drawn_under[name], "relied_on_by": rules}
+                         for name, rules in relied_on.items()},
         "recorded_with": {
             **implementation_facts(adapter, spec), "oracle": numbers.name, "rule": result.rule, **environment_facts()},
         "failure": {"step": result.failing_step, "rule": tape.steps[-1].rule, "kind": kind_of(result.failure),

@@ -7,7 +7,8 @@ it is not plain C order; the suite's own dataclasses are tagged by name.
 
 Format versions: 1, values only; 2, arrays record their layout (and object
 arrays); 3, every expectation in the call policy's one vocabulary
-(``judge.policy.Expect``). All three are read.
+(``judge.policy.Expect``); 4, the declarations besides capabilities its draws relied on (``declarations``:
+name -> the value and the rules that relied on it, ``generate.needs.DECLARATIONS``). All four are read.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from ..generate.layouts import layout_of, with_layout
 from ..oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 
 FORMAT = "kvcache-conformance-trace"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 _DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, Argument, DecoderConfig, DecoderWeights,
                                               LayerConfig, MalformedRow, RopeConfig)}
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from ..generate.layers import limits_problem, requirements_of
 from ..generate.layouts import same_layout_copy
+from ..generate.needs import declaration
 from ..judge.failures import Cause, NonConformance, cause_of
 from ..protocol.declarations import LayerLimits
 from .codec import TraceError, decode, encode
@@ -183,6 +184,7 @@ class RuleSpec:
     requires: frozenset[str] = frozenset()  # capabilities without which the rule is never drawn
     when: Callable[[Any], bool] | None = None  # the state in which it may be drawn
     arguments: frozenset[str] = frozenset()  # what Hypothesis hands it besides ``data`` (a trace records them)
+    relies_on: frozenset[str] = frozenset()  # declarations (generate.needs.DECLARATIONS) its draws or ``when`` read
 
 
 def _recorded(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -217,16 +219,19 @@ def _setting_aside(function: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = None,
+def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = None, relies_on: Iterable[str] = (),
          **strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A recorded rule, drawn only when the implementation declares ``requires`` and ``when(machine)`` holds.
 
-    A rule that cannot run is never drawn: it must not return early and count as run.
+    A rule that cannot run is never drawn: it must not return early and count as run. ``relies_on`` names the
+    declarations besides capabilities that ``when`` or its draws read: a trace records what they were, and
+    replays only where they admit its program (``generate.needs.Needs.drawn_under``).
     """
     needed = frozenset(str(getattr(c, "value", c)) for c in requires)
+    relied = _declarations(relies_on)
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        spec = RuleSpec(function.__name__, "rule", needed, when, frozenset(strategies) - {"data"})
+        spec = RuleSpec(function.__name__, "rule", needed, when, frozenset(strategies) - {"data"}, relied)
         run = _recorded(function)
         setattr(run, _SPEC, spec)
         return stateful.precondition(lambda machine: machine.may_run(spec))(stateful.rule(**strategies)(run))
@@ -234,11 +239,16 @@ def rule(*, requires: Iterable[Any] = (), when: Callable[[Any], bool] | None = N
     return decorate
 
 
-def initialize(**strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A recorded set-up rule: runs once, first; not counted as a step of a program."""
+def initialize(*, relies_on: Iterable[str] = (),
+               **strategies: st.SearchStrategy[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A recorded set-up rule: runs once, first; not counted as a step of a program. ``relies_on``: as for
+    ``rule``."""
+    relied = _declarations(relies_on)
+
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         run = _recorded(function)
-        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize", arguments=frozenset(strategies) - {"data"}))
+        setattr(run, _SPEC, RuleSpec(function.__name__, "initialize", arguments=frozenset(strategies) - {"data"},
+                                     relies_on=relied))
         return stateful.initialize(**strategies)(run)
 
     return decorate
@@ -288,6 +298,17 @@ class TracedMachine(stateful.RuleBasedStateMachine):
                 found[name] = spec
         return found
 
+    @classmethod
+    def relied_on(cls, rules: Iterable[str]) -> dict[str, list[str]]:
+        """The declarations a program of ``rules`` relies on (besides capabilities), each with the rules that
+        do."""
+        specs, found = cls.specs(), dict[str, list[str]]()
+        for name in sorted(set(rules)):
+            spec = specs.get(name)
+            for relied in sorted(spec.relies_on if spec is not None else ()):
+                found.setdefault(relied, []).append(name)
+        return dict(sorted(found.items()))
+
     def missing(self, spec: RuleSpec) -> frozenset[str]:
         """The capabilities ``spec`` needs that the implementation does not declare."""
         return spec.requires - self.capabilities
@@ -321,3 +342,10 @@ def initializers_of(cls: type[TracedMachine]) -> frozenset[str]:
 
 def invariants_of(cls: type[TracedMachine]) -> list[Callable[[Any], None]]:
     return [getattr(cls, name) for name, spec in cls.specs().items() if spec.kind == "invariant"]
+
+
+def _declarations(names: Iterable[str]) -> frozenset[str]:
+    named = frozenset(names)
+    for name in named:
+        declaration(name)  # a typo fails at import, not as a trace that replays anywhere
+    return named

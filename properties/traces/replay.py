@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..generate.needs import Needs
+from ..generate.needs import Needs, UnknownDeclaration, declared_here
 from ..judge.calls import AdapterHung
 from ..judge.failures import NonConformance, check_of, kind_of
 from ..judge.policy import Expect
@@ -67,8 +67,14 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
         raise codec.TraceError(f"unknown machine {document.get('machine')!r}; known: {sorted(MACHINES)}")
     capabilities = declared(adapter.capabilities)
     parameters = {k: codec.decode(v) for k, v in document.get("parameters", {}).items()}
-    # The one gate, as for the properties: what the machine run needs, and what the trace says it needed.
-    problem = cls.needs(**parameters).problem(adapter) or Needs.of(*document.get("requires", ())).problem(adapter)
+    # The one gate, as for the properties: what the machine run needs, what the trace says it needed, and the
+    # declarations its program was drawn under (format 4; older traces: the steps' own checks below).
+    try:
+        drawn_under = Needs.drawn_under(document.get("declarations", {}))
+    except UnknownDeclaration as error:
+        raise codec.TraceError(f"the trace's declarations: {error}") from error
+    problem = (cls.needs(**parameters).problem(adapter) or Needs.of(*document.get("requires", ())).problem(adapter)
+               or drawn_under.problem(adapter))
     if problem is not None:
         return verdict("not applicable", None, problem)
     machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
@@ -90,8 +96,11 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
                 raise recording.NotApplicable(f"{name} needs {', '.join(sorted(missing))}, which {adapter.name} "
                                           "does not declare")
             if spec.kind == "rule" and not machine.may_run(spec):
+                if spec.relies_on:  # name the declarations that decide it (a format 4 trace is gated on them)
+                    raise recording.NotApplicable(f"{name} may not run here: that depends on the state and on "
+                                                  f"{adapter.name}'s {declared_here(adapter, spec.relies_on)}")
                 raise recording.NotApplicable(f"{name} may not run in this state here; the state depends on the "
-                                          "implementation's capabilities and dtype")
+                                              "implementation's capabilities and dtype")
             getattr(machine, name)(**arguments)
             for check in invariants:
                 check(machine)
