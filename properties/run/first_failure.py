@@ -23,6 +23,7 @@ import pytest
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
+from . import budget
 from .runner import PropertyRun, RunResult, run_machine
 
 LOOK_EXAMPLES = 10
@@ -34,6 +35,7 @@ class Look(PropertyRun):
     records nothing, writes no trace and never raises what it finds."""
 
     failed = False
+    looks_left = 1  # this one and those after it: under a budget, the looks share a part of it
 
     def record(self, name: str, value: Any) -> None:
         pass
@@ -46,7 +48,8 @@ class Look(PropertyRun):
                          report_multiple_bugs=False)
         result = run_machine(machine, self.adapter, property_id=self.property_id, parameters=searched,
                              requires=self.required, numbers=self.numbers, spec=self.spec, disabled_rules=left_out,
-                             settings=brief, saves_as_secondary=True)
+                             settings=brief, saves_as_secondary=True,
+                             budget=budget.CURRENT.look_share(self.property_id, brief.max_examples, self.looks_left))
         self.failed = result.failure is not None
         return result
 
@@ -60,8 +63,9 @@ def _lookable(item: pytest.Item) -> bool:
     return FIXTURE in names and names <= params | {FIXTURE}
 
 
-def _fails_a_look(item: pytest.Function) -> bool:
+def _fails_a_look(item: pytest.Function, looks_left: int = 1) -> bool:
     look = Look(item, None)
+    look.looks_left = looks_left
     params = getattr(getattr(item, "callspec", None), "params", {})
     arguments = {name: params[name] for name in inspect.signature(item.obj).parameters if name != FIXTURE}
     try:
@@ -91,9 +95,10 @@ class FirstFailure:
         index = items.index(item)
         # What the previous item left set up must be part of the one run ahead too (pytest's SetupState).
         kept = set(items[index - 1].listchain()) & set(item.listchain()) if index else set()
-        for candidate in (i for i in items[index:] if _lookable(i)):
+        candidates = [i for i in items[index:] if _lookable(i)]
+        for number, candidate in enumerate(candidates):
             assert isinstance(candidate, pytest.Function)
-            if not _fails_a_look(candidate):
+            if not _fails_a_look(candidate, len(candidates) - number):
                 continue
             if candidate is item or not kept <= set(candidate.listchain()):
                 return None

@@ -34,7 +34,7 @@ from ..judge.failures import SuiteError, check_of, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
-from . import databases, first_failure, known_failures, profiles, runner, selection
+from . import budget, databases, first_failure, known_failures, profiles, runner, selection
 from .identity import PACKAGE_DIR, is_suite_file
 from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
@@ -78,6 +78,11 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help=f"stop shrinking a failure after this long; its trace is then the shortest failing run "
                          f"found, and says so (default {runner.SHRINK_SECONDS:g}; {FAST_SHRINK_SECONDS:g} under -x / "
                          "--maxfail)")
+    group.addoption(budget.OPTION, default=None, metavar="DURATION",
+                    help=f"a time budget for the whole run (90s, 10m, 1h30m), shared by the machine properties and "
+                         f"xdist's workers: a property whose share is spent stops before its next example and is "
+                         f"reported cut short, never passed (default: none; "
+                         f"{budget.describe_seconds(budget.FIRST_FAILURE_BUDGET)} under -x / --maxfail; 0: none)")
     group.addoption("--kv-report", default=None, metavar="PATH",
                     help="write the conformance report to PATH (JSON) and PATH with suffix .md (Markdown)")
     group.addoption(known_failures.OPTION, default=None, metavar="FILE",
@@ -153,6 +158,7 @@ def _activate(config: pytest.Config) -> None:
     shrink = config.getoption("--kv-shrink-seconds")
     runner.SHRINK_SECONDS = shrink if shrink is not None else FAST_SHRINK_SECONDS if config.getoption(
         "maxfail", 0) else runner.SHRINK_SECONDS
+    _budget(config)
     xfails = config.getoption(known_failures.OPTION)
     if xfails:
         specs = [(name, spec.kind) for machine in MACHINES.values() for name, spec in machine.specs().items()]
@@ -191,6 +197,15 @@ class CauseSearches:
         terminalreporter.section("kvcache: cause searches stopped at a bound")
         for nodeid, search in self.bounded.items():
             terminalreporter.write_line(f"{nodeid}: {search['said']}")
+
+
+def _budget(config: pytest.Config) -> None:
+    """``--kv-budget``, or under ``-x`` a default one: fixed here on the controller, handed to the workers."""
+    try:
+        seconds, given = budget.chosen(config.getoption(budget.OPTION), bool(config.getoption("maxfail", 0)))
+    except budget.BudgetError as error:
+        raise pytest.UsageError(str(error)) from None
+    config.pluginmanager.register(budget.BudgetPlugin(config, seconds, given, first_failure.FIXTURE), "kvcache-budget")
 
 
 def _shared_database(config: pytest.Config, adapter: object) -> databases.SharedExamples | None:

@@ -34,9 +34,10 @@ from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
-REPORT_VERSION = 2  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
+REPORT_VERSION = 3  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
+# 3: the outcome cut short (by --kv-budget) and the budget
 # "suite error": the suite failed while judging (judge.failures.SuiteError), no verdict about the implementation
-OUTCOMES = ("passed", "failed", "suite error", "xfailed", "xpassed", "skipped", "unfinished", "not run")
+OUTCOMES = ("passed", "failed", "suite error", "xfailed", "xpassed", "skipped", "cut short", "unfinished", "not run")
 _FINISHED = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
 
 
@@ -99,6 +100,8 @@ class ConformanceReport:
             if name.startswith("kv_"):
                 entry[name[3:]] = value
         decided = _decided(report)
+        if decided is not None and decided[0] == "skipped" and (entry.get("budget") or {}).get("stopped"):
+            decided = ("cut short", decided[1])  # by --kv-budget: what ran passed, and that is no pass
         if decided is not None and not (report.when == "teardown" and entry["outcome"] != "passed"):
             entry["outcome"], entry["reason"] = decided
             if decided[0] == "failed" and entry.get("suite_error"):
@@ -157,12 +160,25 @@ class ConformanceReport:
             "rule": Judge.for_adapter(adapter, selection.oracle_numbers()).rule,
             "known_failures": str(self.known_failures) if self.known_failures else None,
             "summary": {o: sum(1 for e in entries if e["outcome"] == o) for o in OUTCOMES},
+            "budget": budget_of(entries),
             "causes": causes(entries),
             "suite_errors": suite_errors(entries),
             "cause_searches_bounded": bounded_searches(entries),
             "traces": sorted({e["trace"] for e in entries if e.get("trace")}),
             "properties": entries,
         }
+
+
+def budget_of(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``--kv-budget`` as the run had it (None: no budget), and what it cut short: properties whose main search
+    stopped before its examples were done, and failures whose cause search it stopped."""
+    given = next((e["budget"]["budget"] for e in entries if (e.get("budget") or {}).get("budget")), None)
+    if given is None:
+        return None
+    return {"given": given,
+            "cut_short": [e["property"] for e in entries if e["outcome"] == "cut short"],
+            "cause_search_cut": [e["property"] for e in entries if e["outcome"] == "failed"
+                                 and e.get("budget_cut_searches")]}
 
 
 def _decided(report: pytest.TestReport) -> tuple[str, str | None] | None:
@@ -272,7 +288,12 @@ def markdown(document: dict[str, Any]) -> str:
                   "only what finished; an unfinished property is no pass.", ""]
         lines += [f"- collection error: {_cell(error)}" for error in document["collection_errors"]]
         lines += [""] if document["collection_errors"] else []
-    counted = [f"{summary[o]} {o}" for o in OUTCOMES if summary[o] or o in ("passed", "failed", "skipped")]
+    counted = [f"{summary[o]} {o}" for o in OUTCOMES if summary.get(o) or o in ("passed", "failed", "skipped")]
+    budget = document.get("budget")
+    if budget and budget["cut_short"]:
+        lines += [f"**Cut short by the budget** (`--kv-budget {budget['given']}`): {len(budget['cut_short'])} "
+                  "propert(ies) ran only part of their examples, with no failure among them. They are no passes; "
+                  "a larger budget runs more.", ""]
     lines += [
         f"- implementation: `{impl['spec']}`, dtype {impl['dtype']}; capabilities: {', '.join(impl['capabilities'])}"
         + (f"; layers drawn only within {impl['layer_limits']}" if impl.get("layer_limits") else ""),
@@ -282,6 +303,9 @@ def markdown(document: dict[str, Any]) -> str:
         f"- profile {profile['name']}: {profile['max_examples']} examples of up to "
         f"{profile['stateful_step_count']} steps{', derandomized' if profile['derandomize'] else ''}",
         *([f"- known failures: `{document['known_failures']}`"] if document["known_failures"] else []),
+        *([f"- budget: `--kv-budget {budget['given']}` for the whole run"
+           + (f"; it cut short the cause search of {', '.join(f'`{p}`' for p in budget['cause_search_cut'])}"
+              if budget["cause_search_cut"] else "")] if budget else []),
         f"- {', '.join(counted)}",
         "",
     ]

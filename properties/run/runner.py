@@ -13,7 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from ..machines import MACHINES
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.layer import KvCacheAdapter
 from ..traces import codec, recording
+from . import budget as run_budget
 from . import known_failures, selection
 from .databases import SecondaryOnly, property_settings
 from .identity import canonical
@@ -79,20 +80,23 @@ class RunResult:
     families: Counter[str] = field(default_factory=Counter)  # runs per layer family drawn (layer machines)
     shrinking_stopped: bool = False  # the shrink budget ran out: the trace is the shortest failing run found
     met_again: Counter[tuple[Cause, str]] = field(default_factory=Counter)  # examples discarded: (cause, rule)
+    stopped_by_budget: bool = False  # --kv-budget: cut short before an example, with no failure (not a full pass)
 
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
                 requires: tuple[str, ...] = (), numbers: NumberSystem = FLOAT64, trace_dir: Path | None = None,
                 settings: Settings | None = None, spec: str | None = None,
                 disabled_rules: frozenset[str] = frozenset(), shrink_seconds: float | None = None,
-                saves_as_secondary: bool = False, set_aside: frozenset[Cause] = frozenset()) -> RunResult:
+                saves_as_secondary: bool = False, set_aside: frozenset[Cause] = frozenset(),
+                budget: run_budget.Share | None = None) -> RunResult:
     """Search with the current Hypothesis profile (or ``settings``); on failure write the shrunk run's trace.
 
     ``disabled_rules`` are never drawn (known failures narrowed to a rule: a machine whose state has
     diverged cannot go on judging); an example failing with a cause in ``set_aside`` (found already) is
     discarded, and the search goes on. Shrinking stops ``shrink_seconds`` after the first failure (default
     ``SHRINK_SECONDS``), with the shortest failing run found as the verdict. ``saves_as_secondary``: for a run
-    that does not shrink, so that the next run shrinks what it saved (``databases.SecondaryOnly``)."""
+    that does not shrink, so that the next run shrinks what it saved (``databases.SecondaryOnly``). ``budget``:
+    the property's share of ``--kv-budget``, which may stop the search before an example (``run/budget.py``)."""
     shrink_seconds = SHRINK_SECONDS if shrink_seconds is None else shrink_seconds
     parameters = parameters or {}
     cls = MACHINES[machine]
@@ -105,6 +109,8 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     failed_at: list[float] = []
 
     def build() -> recording.TracedMachine:
+        if budget is not None:  # may raise BudgetSpent: before the example, never after a failure
+            budget.before_example(result.runs, failed=NonConformance.raised > raised_before)
         if result.first_failing is None and NonConformance.raised > raised_before:
             result.first_failing = result.runs
             failed_at.append(time.monotonic())
@@ -116,6 +122,8 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
         last[0].disabled_rules = disabled_rules
         last[0].set_aside = set_aside
         last[0].targeting = targeting  # type: ignore[attr-defined]
+        if budget is not None:
+            budget.watch(last[0])
         return last[0]
 
     # report_multiple_bugs=False (callers' own settings aside): Hypothesis tells bugs apart by exception
@@ -132,9 +140,13 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     if saves_as_secondary and chosen.database is not None:
         chosen = Settings(chosen, database=SecondaryOnly(chosen.database))
     targeting = Phase.target in chosen.phases  # hill-climbing reads the machines' target(); elsewhere it only costs
+    if budget is not None:
+        budget.start_search()
     try:
-        with _shrinking_for(shrink_seconds):
+        with _shrinking_for(shrink_seconds), budget.quiet() if budget is not None else nullcontext():
             run_state_machine_as_test(build, settings=chosen)
+    except run_budget.BudgetSpent:  # what ran passed; nothing saved, nothing shrunk
+        result.stopped_by_budget = True
     except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
         result.failure = NonConformance(f"{hung} -- the run stopped there, unshrunk", kind="hang")
     except Exception as error:  # returned to the caller, who re-raises it
@@ -216,6 +228,7 @@ class PropertyRun:
         self.adapter, self.spec = selection.selected(), selection.selected_spec()
         self.numbers = selection.oracle_numbers()
         self.required: tuple[str, ...] = ()
+        self.share: run_budget.Share | None = None  # of --kv-budget, for the main search and the cause search
 
     def record(self, name: str, value: Any) -> None:
         self.node.user_properties.append((f"kv_{name}", value))
@@ -235,6 +248,10 @@ class PropertyRun:
         left out of the draws and run on its own, strictly; a rule left out of one part is left out there only
         (the machine takes ``left_out_families`` and ``family_rules``)."""
         searched, left_out = self.plan(machine, parameters)
+        self.share = run_budget.CURRENT.share(self.property_id, Settings().max_examples)
+        if self.share.spent_before_start:
+            self.record("budget", self.share.facts(0))
+            pytest.skip(self.share.verdict(0))
         former = known_failures.former_ids(self.node)
         known = known_failures.families_known(self.node)
         narrowed = known_failures.family_rules(self.node)
@@ -245,12 +262,15 @@ class PropertyRun:
         for suffix, entry in known.items():
             self._known_part(machine, suffix, former[suffix], entry, left_out)
         result = self._search(machine, self.property_id, searched, left_out)
+        self.record("budget", self.share.facts(result.runs))
         causes = self._causes(machine, searched, left_out, result, hunt=MAX_CAUSES)
         if causes:
             verdicts = [failure for _, failure in causes if not is_suite_error(failure)]
             if verdicts:  # the implementation's failure; a suite error met while searching is listed apart
                 raise verdicts[0]
             raise suite_error(causes[0][1], causes[0][0]["trace"])
+        if result.stopped_by_budget:  # what ran passed: no full pass, so no pass at all
+            pytest.skip(self.share.verdict(result.runs))
         return result
 
     def plan(self, machine: str, parameters: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
@@ -299,6 +319,8 @@ class PropertyRun:
                 result = self._search(machine, self.property_id, parameters, left_out, set_aside=frozenset(found))
                 continue
             if result.failure is None:
+                if result.stopped_by_budget:
+                    stopped = "budget"
                 break
             rule, cause = failing_rule(result), cause_of(result.failure)
             if cause in found:  # (a search with a cause's rule left out can still meet it elsewhere)
@@ -348,7 +370,10 @@ class PropertyRun:
                 settings: Settings | None = None, set_aside: frozenset[Cause] = frozenset()) -> RunResult:
         result = run_machine(machine, self.adapter, property_id=property_id, parameters=parameters,
                              requires=self.required, numbers=self.numbers, trace_dir=self.trace_dir,
-                             spec=self.spec, disabled_rules=left_out, settings=settings, set_aside=set_aside)
+                             spec=self.spec, disabled_rules=left_out, settings=settings, set_aside=set_aside,
+                             budget=self.share)
+        if result.stopped_by_budget:
+            self.record("budget_cut_searches", dict(self.node.user_properties).get("kv_budget_cut_searches", 0) + 1)
         self.record("runs", result.runs + dict(self.node.user_properties).get("kv_runs", 0))
         if result.families:
             self.record("families", dict(sorted(result.families.items())))
@@ -396,11 +421,13 @@ def suite_error(error: BaseException, trace: str | None) -> SuiteError:
 
 def cause_search(stopped: str, causes: int, hunt: int, seconds: float) -> dict[str, Any]:
     """Where a property's search for causes stopped, and the option that lifts a bound (report and terminal)."""
-    lift = {"cause bound": f"--kv-causes {hunt + 4}", "time bound": f"--kv-cause-seconds {2 * CAUSE_SECONDS:g}"}
+    lift = {"cause bound": f"--kv-causes {hunt + 4}", "time bound": f"--kv-cause-seconds {2 * CAUSE_SECONDS:g}",
+            "budget": f"a larger {run_budget.OPTION}"}
     told = {"passed": "no further cause: the last search, with every cause found set aside, passed",
             "cause bound": f"stopped at the cause bound ({hunt}, --kv-causes): more may be behind them",
             "time bound": f"stopped at the time bound ({CAUSE_SECONDS:g} s, --kv-cause-seconds): more may be "
                           "behind them",
+            "budget": f"stopped by the run's time budget ({run_budget.OPTION}): more may be behind them",
             }.get(stopped, f"stopped: {stopped}")
     bound = stopped in lift
     return {"stopped": stopped, "bound": bound, "causes": causes, "seconds": round(seconds, 1),
