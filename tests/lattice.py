@@ -82,6 +82,33 @@ def _without(capability: str) -> Declared:
     return Declared(f"without-{capability}", REFERENCE - removed)
 
 
+class CompilesPerShape(ReferenceAdapter):
+    """A JIT framework's cache: each new shape of layer and cache compiles at its first step, and after ``limit``
+    shapes of an attention kind a new one is refused (as a recompilation limit that raises). A step into a cache of
+    another layer's geometry is rejected before anything compiles."""
+
+    def __init__(self, limit: int = 2) -> None:
+        super().__init__()
+        self.limit, self.compiled = limit, set[tuple[int, ...]]()
+
+    def _compile(self, layer: Any, cache: Any) -> None:
+        if (cache.kv_heads, cache.head_width) != (layer.kv_heads, layer.head_width):
+            return  # rejected as a geometry mismatch: nothing to compile
+        shape = (layer.kv_heads < layer.heads, layer.model_width, layer.heads, layer.kv_heads, layer.head_width,
+                 cache.batch_size, cache.capacity)
+        if shape not in self.compiled and sum(s[0] == shape[0] for s in self.compiled) >= self.limit:
+            raise RuntimeError(f"recompilation limit ({self.limit}) reached: one more shape {shape[1:]}")
+        self.compiled.add(shape)
+
+    def step(self, layer: Any, cache: Any, x: Any) -> Any:
+        self._compile(layer, cache)
+        return super().step(layer, cache, x)
+
+    def append(self, layer: Any, cache: Any, x: Any) -> Any:
+        self._compile(layer, cache)
+        return super().append(layer, cache, x)
+
+
 # -- behaviours the reference does not have, each the design of some real cache --------------------------------
 
 class ZeroingReset(ReferenceAdapter):
@@ -266,6 +293,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "limits-small": lambda: Declared("limits-small", REFERENCE, SmallOnly(), layer_limits={
         "max_heads": 1, "max_batch": 1, "max_capacity": 5, "max_model_width": 3, "max_rotary_width": 2,
         "min_window": 2}),
+    # layers of two shapes per attention kind all run long, as for a JIT framework (the reference compiles nothing:
+    # CompilesPerShape is judged by the layer machine alone, tests/test_few_shapes.py)
+    "limits-few-shapes": lambda: Declared("limits-few-shapes", REFERENCE, layer_limits={"max_shapes": 2}),
     "positionless-only": lambda: Declared("positionless-only", LAYER_ONLY - {  # no with_rope: never called
         "rope_interleaved", "rope_half_split", "keys_unrotated", "partial_rotary"}),
     "keeps-every-row": lambda: Declared("keeps-every-row", REFERENCE, KeepsEveryRowAdapter()),
@@ -335,6 +365,8 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                                      "unexpected exception"),
     "limits-small-undeclared": (lambda: Declared("twin-small", REFERENCE, SmallOnly()), "layer_cache", {},
                                 "unexpected exception"),
+    "limits-few-shapes-undeclared": (lambda: Declared("twin-compiles-per-shape", REFERENCE, CompilesPerShape(2)),
+                                     "layer_cache", {}, "unexpected exception"),
     "window-truncates-until-full-undeclared": (
         lambda: Declared("twin-window-until-full", REFERENCE, WindowUntilFullAdapter()), "cache_operations",
         {"windowed": True}, "expected success, got evicted"),

@@ -186,6 +186,46 @@ def layer_families(capabilities: frozenset[str], limits: LayerLimits = NO_LIMITS
             and geometries(capabilities, limits, grouped=grouped, rope=style != "none")]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a layer and its cache look like to a framework that compiles per shape: every array dimension."""
+
+    heads: int
+    kv_heads: int
+    head_width: int
+    model_width: int
+    batch_size: int
+    capacity: int
+    rotary_width: int  # features rotated, for a RoPE layer (the whole head unless partial_rotary is declared)
+    max_positions: int  # a RoPE table's length
+
+
+@cache
+def few_shapes(capabilities: frozenset[str], limits: LayerLimits, grouped: bool) -> tuple[Shape, ...]:
+    """The at most ``limits.max_shapes`` shapes of one attention kind (MHA, or GQA/MQA if ``grouped``) that layers
+    are drawn from all run long (docs/spec.md §7), simplest first: geometries spread over ``geometries``, the
+    batch cycling through its range, the capacity the largest allowed (so every caller's minimum fits), the rotary
+    width the widest, or every other shape two narrower where partial rotary is declared. The same for every RoPE
+    convention and for positionless layers (chosen among what a RoPE layer can take, where the adapter has one)."""
+    rope = any(f"rope_{style}" in capabilities for style in ROPE_STYLES)
+    found = geometries(capabilities, limits, grouped=grouped, rope=rope) or geometries(
+        capabilities, limits, grouped=grouped, rope=False)
+    count = limits.max_shapes or 1
+    picks = sorted({round(i * (len(found) - 1) / max(1, count - 1)) for i in range(count)}) if found else []
+    capacity = min(MAX_CAPACITY, limits.max_capacity or MAX_CAPACITY)
+    batches = min(MAX_BATCH, limits.max_batch or MAX_BATCH)
+    partial = Capability.PARTIAL_ROTARY.value in capabilities
+    shapes = []
+    for number, index in enumerate(picks):
+        heads, kv_heads, head_width, widths = found[index]
+        widest = min(head_width, limits.max_rotary_width or head_width) if partial else head_width
+        widest -= widest % 2
+        rotary = widest - 2 if partial and number % 2 and widest > 2 else widest
+        shapes.append(Shape(heads, kv_heads, head_width, widths[number % len(widths)], 1 + number % batches,
+                            capacity, rotary, capacity + 8 * (number % 2)))
+    return tuple(shapes)
+
+
 @st.composite
 def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str | None = None,
                   grouped: bool | None = None, limits: LayerLimits = NO_LIMITS, min_capacity: int = 1,
@@ -204,6 +244,8 @@ def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str |
         raise ValueError(f"the adapter declares no position convention{f' {style!r}' if style else ''} "
                          "(rope_interleaved, rope_half_split or positionless)")
     chosen = draw(st.sampled_from(styles), label="positions")
+    if limits.max_shapes is not None:
+        return draw(_within_few_shapes(capabilities, limits, chosen, grouped))
     shapes = geometries(capabilities, limits, grouped=grouped, rope=chosen != "none")
     if not shapes:
         raise ValueError(f"layer_limits leave no geometry to draw: {limits.described()}")
@@ -219,18 +261,38 @@ def layer_configs(draw: st.DrawFn, capabilities: frozenset[str], *, style: str |
 
 
 @st.composite
+def _within_few_shapes(draw: st.DrawFn, capabilities: frozenset[str], limits: LayerLimits, style: str,
+                       grouped: bool | None) -> LayerConfig:
+    """A layer and cache of one of ``few_shapes``: only values vary (weights, RoPE base), never an array's shape."""
+    kinds = [grouped] if grouped is not None else [False, True]
+    shapes = [shape for kind in kinds for shape in few_shapes(capabilities, limits, kind)]
+    if not shapes:
+        raise ValueError(f"layer_limits leave no geometry to draw: {limits.described()}")
+    shape = draw(st.sampled_from(shapes), label="shape")
+    rope = None if style == "none" else draw(rope_configs(
+        capabilities, shape.head_width, min_positions=shape.max_positions, style=style, limits=limits,
+        rotary_width=shape.rotary_width, max_positions=shape.max_positions))
+    weights = draw(attention_weights(shape.model_width, shape.heads, shape.kv_heads, shape.head_width))
+    return LayerConfig(weights=weights, rope=rope, batch_size=shape.batch_size, capacity=shape.capacity)
+
+
+@st.composite
 def rope_configs(draw: st.DrawFn, capabilities: frozenset[str], head_width: int,
-                 min_positions: int, style: str | None = None, limits: LayerLimits = NO_LIMITS) -> RopeConfig:
+                 min_positions: int, style: str | None = None, limits: LayerLimits = NO_LIMITS,
+                 rotary_width: int | None = None, max_positions: int | None = None) -> RopeConfig:
+    """A RoPE configuration for heads of ``head_width``: ``rotary_width`` and ``max_positions`` drawn unless given
+    (a shape fixed by ``few_shapes``)."""
     styles = [s for s in ROPE_STYLES if f"rope_{s}" in capabilities and style in (None, s)]
     if not styles:
         raise ValueError("the adapter declares no RoPE style (rope_interleaved / rope_half_split)")
-    if Capability.PARTIAL_ROTARY.value in capabilities:
+    if rotary_width is None and Capability.PARTIAL_ROTARY.value in capabilities:
         widest = min(head_width, limits.max_rotary_width or head_width)
         rotary_width = draw(st.sampled_from(range(widest - widest % 2, 0, -2)), label="rotary_width")
-    else:
+    elif rotary_width is None:
         rotary_width = head_width
-    max_positions = draw(st.one_of(st.integers(min_positions, min_positions + 8),
-                                   st.integers(min_positions, 1 << 20)), label="max_positions")
+    if max_positions is None:
+        max_positions = draw(st.one_of(st.integers(min_positions, min_positions + 8),
+                                       st.integers(min_positions, 1 << 20)), label="max_positions")
     return RopeConfig(style=draw(st.sampled_from(styles), label="style"), base=draw(rope_bases(), label="base"),
                       rotary_width=rotary_width, max_positions=max_positions)
 

@@ -85,6 +85,7 @@ class LayerLimits:
     max_batch: int | None = None
     max_capacity: int | None = None
     min_window: int | None = None  # the smallest sliding window a window cache is built with (sliding_window_layer)
+    max_shapes: int | None = None  # layers and caches of at most this many shapes per attention kind in a run (JIT)
 
     @classmethod
     def of(cls, adapter: Any) -> LayerLimits:
