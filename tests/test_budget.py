@@ -109,6 +109,8 @@ def test_the_terminal_names_what_the_budget_cut_short() -> None:
     assert lines[0] == "budget 5m (--kv-budget): 2 of 4 machine properties cut short -- not full passes:"
     assert lines[1] == "  p::a: 3 of 100 examples in 1m01s" and lines[2] == "  p::b: not started"
     assert "every machine property" in budget.summary_lines("5m", [], 4)[0]
+    stopped = budget.summary_lines("5m", [], 4, ["p::c"])
+    assert stopped[1] == "budget 5m (--kv-budget) stopped the cause search of p::c: it may have more causes"
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,8 +160,8 @@ class Share:
         """Hypothesis reports an interrupted run's seed "to reproduce this failure": a budget stop is no failure."""
         report = reporting.current_reporter()
 
-        def reporter(text: str) -> None:
-            if not (self.stopped and text.lstrip().startswith("You can reproduce this failure")):
+        def reporter(text: object) -> None:
+            if not (self.stopped and str(text).lstrip().startswith("You can reproduce this failure")):
                 report(text)
 
         with reporting.with_reporter(reporter):
@@ -246,10 +246,14 @@ def install(budget: RunBudget) -> None:
     CURRENT = budget
 
 
-def summary_lines(given: str, cut: list[tuple[str, dict[str, Any]]], properties: int) -> list[str]:
-    """The terminal's account of the budget: which properties it cut short, with what they ran."""
+def summary_lines(given: str, cut: list[tuple[str, dict[str, Any]]], properties: int,
+                  causes_cut: Sequence[str] = ()) -> list[str]:
+    """The terminal's account of the budget: which properties it cut short, with what they ran, and which failures'
+    cause search it stopped (their other causes may be unfound)."""
+    also = [f"budget {given} ({OPTION}) stopped the cause search of {nodeid}: it may have more causes"
+            for nodeid in causes_cut]
     if not cut:
-        return [f"budget {given} ({OPTION}): every machine property that ran finished its examples"]
+        return [f"budget {given} ({OPTION}): every machine property that ran finished its examples", *also]
     lines = [f"budget {given} ({OPTION}): {len(cut)} of {properties} machine properties cut short -- not full passes:"]
     for nodeid, facts in cut:
         done = ("not started" if facts.get("spent_before_start") else
@@ -257,7 +261,7 @@ def summary_lines(given: str, cut: list[tuple[str, dict[str, Any]]], properties:
                 f"{describe_seconds(facts.get('seconds') or 0)}")
         lines.append(f"  {nodeid}: {done}")
     lines.append(f"a larger {OPTION} runs more of them; docs/adapters.md \"Sizing a run\" says how to choose it")
-    return lines
+    return lines + also
 
 
 class BudgetPlugin:
@@ -274,6 +278,7 @@ class BudgetPlugin:
         else:
             install(RunBudget.starting_now(seconds, given, progress=progress))
         self.cut: dict[str, dict[str, Any]] = {}
+        self.causes_cut: set[str] = set()
         self.ran: set[str] = set()
 
     def _speak(self, text: str) -> None:
@@ -294,7 +299,10 @@ class BudgetPlugin:
         CURRENT.expected = sum(1 for item in session.items if self.fixture in getattr(item, "fixturenames", ()))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        facts = dict(report.user_properties).get("kv_budget")
+        recorded = dict(report.user_properties)
+        facts = recorded.get("kv_budget")
+        if recorded.get("kv_budget_cut_searches") and report.failed:
+            self.causes_cut.add(report.nodeid)
         if facts is not None:
             self.ran.add(report.nodeid)
             if facts.get("stopped"):
@@ -304,7 +312,7 @@ class BudgetPlugin:
         if CURRENT.deadline is None or hasattr(self.config, "workerinput"):
             return
         terminalreporter.write_sep("-", "kvcache budget")
-        for line in summary_lines(CURRENT.given, sorted(self.cut.items()), len(self.ran)):
+        for line in summary_lines(CURRENT.given, sorted(self.cut.items()), len(self.ran), sorted(self.causes_cut)):
             terminalreporter.write_line(line)
 
 
