@@ -61,6 +61,7 @@ def _gate(needs: Needs) -> None:
         pytest.skip(problem)
 
 
+@pytest.mark.kv_suite_check("the float64 oracle against mpmath: no adapter code runs")
 @FEW
 @given(case=prefixes())
 def test_float64_oracle_agrees_with_mpmath(case: tuple) -> None:
@@ -112,6 +113,7 @@ EVERY_DECODER = frozenset({"gqa", "sliding_window", "positions_sinusoidal", "pos
                            "rope_half_split"})
 
 
+@pytest.mark.kv_suite_check("the float64 decoder oracle against mpmath: no adapter code runs")
 @FEW
 @given(case=decoder_cases(EVERY_DECODER))
 def test_float64_decoder_oracle_agrees_with_mpmath(case: tuple) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcache_conformance.run import exercise
 from kvcache_conformance.run.report import OUTCOMES, ConformanceReport, causes
 from kvcache_conformance.traces import codec as trace
 
@@ -110,3 +111,101 @@ def test_causes_group_parametrisations_by_rule_and_kind() -> None:
         ("p.py::t", "append_rows", "output mismatch", 2, 1), ("p.py::t", "reset", "output mismatch", 1, 0),
         ("p.py::u", "append_rows", "hang", 1, 0)]
     assert found[0]["instances"] == ["p.py::t[a]", "p.py::t[b]", "p.py::t[c]"]
+
+
+# -- what a pass exercised ------------------------------------------------------------------------------------
+
+def test_a_run_counts_per_rule_what_ran_how_calls_ended_and_the_cases_met() -> None:
+    from impl.conformance import ReferenceAdapter
+    from kvcache_conformance.machines import MACHINES
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+
+    result = run_machine("paged", ReferenceAdapter(), property_id="exercise",
+                         settings=profiles.settings_for("ci", database=None, max_examples=15))
+    assert result.failure is None
+    counted = result.exercise.to_json("paged")
+    rules = counted["rules"]
+    assert rules["build_pool"]["ran"] == result.runs  # one pool per example: every machine Hypothesis built
+    assert sum(c.get("ran", 0) for c in rules.values()) > result.runs
+    assert set(rules) <= set(MACHINES["paged"].specs())
+    assert rules["add_invalid_tokens"].get("rejected", 0) == rules["add_invalid_tokens"]["ran"]  # claimed here
+    met = {case for c in rules.values() for case in c if case not in exercise.OUTCOMES}
+    assert {"eviction", "pool full"} <= met
+    assert counted["capabilities"]["validates_tokens"] >= rules["add_invalid_tokens"]["ran"]
+
+
+def test_unclaimed_checks_count_as_raised_or_replaced() -> None:
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+    from tests.lattice import variant
+
+    result = run_machine("paged", variant("nothing-validated"), property_id="exercise-unclaimed",
+                         settings=profiles.settings_for("ci", database=None, max_examples=15))
+    assert result.failure is None
+    invalid = result.exercise.to_json("paged")["rules"]["add_invalid_tokens"]
+    assert "rejected" not in invalid and invalid.get("raised", 0) + invalid.get("replaced", 0) == invalid["ran"]
+
+
+def test_exercise_merges_over_properties_and_names_what_was_never_exercised() -> None:
+    first = {"machine": "paged", "rules": {"add": {"ran": 2, "succeeded": 2, "prefix hit": 1}},
+             "capabilities": {"paged_prefix_sharing": 2}}
+    second = {"machine": "paged", "rules": {"add": {"ran": 3, "rejected": 1}, "fork": {"ran": 1, "fork": 1}},
+              "capabilities": {"validates_tokens": 1}}
+    both = exercise.merged([first, None, exercise.merged([second])])
+    assert both["machines"]["paged"]["add"] == {"prefix hit": 1, "ran": 5, "rejected": 1, "succeeded": 2}
+    section = exercise.summary([{"exercise": both}, {"outcome": "skipped"}],
+                               ["paged_prefix_sharing", "validates_tokens", "truncate", "float64"])
+    assert section["never_exercised"] == ["truncate"]  # float64 is no claim or rule's need: nothing to tell
+    assert exercise.summary([{"outcome": "passed"}], ["truncate"])["never_exercised"] == []  # no machine ran
+    table = "\n".join(exercise.markdown(section))
+    assert "| rule | ran | succeeded | rejected | refused | raised | replaced | fork | prefix hit |" in table
+    assert "| `add` | 5 | 2 | 1 |  |  |  |  | 1 |" in table
+    assert "| `truncate` | 0 |" in table  # a rule of the machine no example ran
+    assert "**Declared but never exercised**" in table and "`truncate`" in table
+    lines = exercise.terminal_lines(section)
+    assert lines[0].startswith("paged: 6 steps of 2 rules (never ran: ") and "met: fork 1, prefix hit 1" in lines[0]
+    assert lines[-1] == "declared but never exercised: truncate"
+
+
+def test_the_terminal_summary_merges_what_workers_sent(capsys: pytest.CaptureFixture[str]) -> None:
+    plugin = exercise.ExerciseSummary(["truncate", "paged_prefix_sharing"])
+    sent = exercise.merged([{"machine": "paged", "rules": {"add": {"ran": 2}}, "capabilities": {
+        "paged_prefix_sharing": 1}}])
+    plugin.pytest_runtest_logreport(_report("p.py::a", "call", "passed", user_properties=[("kv_exercise", sent)]))
+    plugin.pytest_runtest_logreport(_report("p.py::b", "call", "passed", user_properties=[("kv_exercise", sent)]))
+
+    class Terminal:
+        def section(self, title: str) -> None:
+            print(f"== {title}")
+
+        def write_line(self, line: str) -> None:
+            print(line)
+
+    plugin.pytest_terminal_summary(Terminal())
+    out = capsys.readouterr().out
+    assert "== kvcache: what the run exercised" in out and "paged: 4 steps of 1 rules" in out
+    assert "declared but never exercised: truncate" in out
+
+
+def test_the_suites_own_checks_are_no_verdict_about_the_implementation(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    process = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "properties/test_precision.py",
+         "properties/test_prefix_store.py", "-k", "float64_oracle or store", "--hypothesis-profile=quick",
+         f"--kv-report={report}", f"--kv-traces={tmp_path / 'traces'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    document = json.loads(report.read_text())
+    entries = {e["property"].split("::")[1]: e for e in document["properties"]}
+    assert entries["test_float64_oracle_agrees_with_mpmath"]["suite_check"]
+    assert not entries["test_prefix_store_conforms[full-attention]"].get("suite_check")
+    assert document["summary"]["passed"] == 2 and document["suite_checks"]["passed"] == 1, document["summary"]
+    # the two store runs (one per worker, as xdist spreads them) add up
+    store = document["exercise"]["machines"]["prefix_store"]
+    assert store["build_store"]["ran"] == sum(entries[f"test_prefix_store_conforms[{p}]"]["runs"]
+                                              for p in ("full-attention", "sliding-window"))
+    assert "kvcache: what the run exercised" in process.stdout and "prefix_store: " in process.stdout
+    markdown = report.with_suffix(".md").read_text()
+    assert "the suite's own checks (no adapter code; not counted above): 1 passed" in markdown
+    assert "| `properties/test_precision.py::test_float64_oracle_agrees_with_mpmath` | passed (suite check) |" \
+        in markdown and "### `prefix_store`" in markdown

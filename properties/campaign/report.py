@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..run import exercise
 from ..run.report import OUTCOMES, REPORT_FORMAT, REPORT_VERSION, causes, markdown
 from .shard import ShardResult
 
@@ -53,6 +54,8 @@ def merge(results: list[ShardResult], properties: list[str], *, stopped: str | N
         "profile": campaign["profile"],
         "summary": {o: sum(1 for e in listed if e["outcome"] == o) for o in OUTCOMES},
         "causes": causes(listed),
+        "exercise": exercise.summary(({"exercise": r.get("exercise")} for r in reports),
+                                     first["implementation"]["capabilities"]),
         "traces": sorted({e["trace"] for e in listed if e.get("trace")} | {s["trace"] for s in shards if s["trace"]}),
         "properties": listed,
         "campaign": {**campaign, "shards": shards},

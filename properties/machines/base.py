@@ -10,6 +10,7 @@ and the paged pool -- so that no machine imports another.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -21,7 +22,7 @@ from ..generate.needs import Needs
 from ..judge.calls import Inputs, call
 from ..judge.checks import expect_success, window_positions
 from ..judge.failures import NonConformance
-from ..judge.policy import VALID, Due, Held, Judged, Observed, judge_call
+from ..judge.policy import VALID, Due, Expect, Held, Judged, Observed, judge_call
 from ..judge.tolerance import Judge, Reference
 from ..oracle import FLOAT64, AttentionWeights, DecoderConfig, DecoderTrace, DecoderWeights, NumberSystem, full_decoder
 from ..protocol.declarations import LayerLimits
@@ -29,9 +30,26 @@ from ..protocol.decoder import BlockState
 from ..protocol.kinds import Capability, declared
 from ..traces.recording import TracedMachine
 
+# What became of a judged call, as the exercise counts name it (run/exercise.py adds them up): a claimed check's
+# rejection, an allowed refusal, an unclaimed check's raise, an unclaimed input accepted (the object replaced).
+CALL_OUTCOMES = ("succeeded", "rejected", "refused", "raised", "replaced")
+SET_UP = "(set-up)"  # calls before the first rule's step (none: every rule's calls are its own)
+
+
+def call_outcome(expect: Expect, judged: Judged) -> str:
+    if judged.replaced:
+        return "replaced"
+    if not judged.refused:
+        return "succeeded"
+    return {Expect.REJECTION: "rejected", Expect.UNCLAIMED: "raised"}.get(expect, "refused")
+
 
 class ConformanceMachine(TracedMachine):
-    """A differential machine over one adapter: the implementation on one side, the oracle on the other."""
+    """A differential machine over one adapter: the implementation on one side, the oracle on the other.
+
+    ``exercise`` counts, per rule, its judged calls by outcome (``CALL_OUTCOMES``) and the interesting cases its
+    rules met (``exercised``); ``claims_rejected`` the claims whose checks rejected a call. A pass says what it
+    exercised from these (``run.exercise``)."""
 
     layer_caches: ClassVar[bool] = True  # whether a declared ``storage`` applies (it is about layer caches)
 
@@ -42,6 +60,8 @@ class ConformanceMachine(TracedMachine):
         self.limits = LayerLimits.of(adapter)
         self.judge = Judge.for_adapter(adapter, numbers, layer_caches=self.layer_caches)
         self.targeting = False  # the runner sets it when the profile hill-climbs (Hypothesis's target phase)
+        self.exercise: Counter[tuple[str, str]] = Counter()  # (rule, call outcome or case) -> times
+        self.claims_rejected: Counter[str] = Counter()
 
     @classmethod
     def needs(cls, **parameters: Any) -> Needs:
@@ -57,8 +77,21 @@ class ConformanceMachine(TracedMachine):
              held: Held | None = None, **details: Any) -> Judged:
         """One judged adapter call (docs/spec.md §5), its expectation written on the tape."""
         __tracebackhide__ = True
-        return judge_call(self.adapter, self.capabilities, self.tape.expect, what, action, due=due, inputs=inputs,
-                          observe=observe, replace=replace, held=held, **details)
+        judged = judge_call(self.adapter, self.capabilities, self.tape.expect, what, action, due=due, inputs=inputs,
+                            observe=observe, replace=replace, held=held, **details)
+        expect = due.expect(self.capabilities)
+        self.exercise[(self._rule(), call_outcome(expect, judged))] += 1
+        if expect is Expect.REJECTION and due.claim is not None:
+            self.claims_rejected[due.claim] += 1
+        return judged
+
+    def exercised(self, case: str) -> None:
+        """The current rule met its interesting case (a prefix hit, an eviction, a fork...): counted for the
+        report, so that a pass says whether it ever happened."""
+        self.exercise[(self._rule(), case)] += 1
+
+    def _rule(self) -> str:
+        return self.tape.steps[-1].rule if self.tape.steps else SET_UP
 
     def must(self, what: str, action: Callable[[], Any], inputs: Inputs | None = None) -> Any:
         """A call that must succeed and is not itself the step judged (creating, reading, updating)."""

@@ -208,6 +208,8 @@ class LayerSteps(ConformanceMachine):
                          + (f" and the {x.shape[1] - 1} after it" if x.shape[1] > 1 else ""), check="output",
                          axes=("batch", "step row", "feature"))
         model.rows, model.trace = rows, trace
+        if self.window is not None and len(rows) > self.window:
+            self.exercised("window eviction")
 
     # -- valid rows ----------------------------------------------------------------------------------------
 
@@ -262,6 +264,8 @@ class LayerSteps(ConformanceMachine):
 
     def _append_malformed(self, data: Draws) -> None:
         bad = data.draw(g.malformed_rows(self.model.batch_size, self.config.model_width), label="malformed row")
+        if self.model.rows:
+            self.exercised("malformed row on rows held")
         self._step(bad.value, Due.check(bad.kind), f"append {bad.description}")
 
     @rule(data=st.data(), when=lambda self: not self.model.rows)

@@ -212,6 +212,8 @@ class PagedCacheMachine(ConformanceMachine):
                                    hit, evicted, same_content, content=self.content, block_size=self.block_size)
         if problem:
             raise NonConformance(f"{what}: {problem}", kind="eviction against the declared policy")
+        if evicted:
+            self.exercised("eviction")
         for block in evicted:
             identity = self.content.pop(block)
             self.registered[identity].remove(block)
@@ -231,6 +233,8 @@ class PagedCacheMachine(ConformanceMachine):
                 # A block is registered when it becomes full, unless its content is registered already: then it
                 # stays a private duplicate, or is replaced by the registered block -- or, as declared, is
                 # registered too (several blocks per identity).
+                if index >= self.live[sequence].settled and block not in self.content and key in self.registered:
+                    self.exercised("duplicate")  # a block filled with content registered already
                 if index >= self.live[sequence].settled and block not in self.content and (
                         key not in self.registered or self.policy.duplicates == "registered"):
                     self.registered.setdefault(key, []).append(block)
@@ -290,6 +294,7 @@ class PagedCacheMachine(ConformanceMachine):
         # A pool that hits cached copies first has no choice left: it fits exactly when it fits with them.
         cached_first = self.policy.hit_copy == "cached_first"
         if not fits(needed, before.free, cached, worst if cached_first else best):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return None
         due = VALID if fits(needed, before.free, cached, worst) else Due(may_refuse=ErrorKind.FULL)
@@ -333,6 +338,10 @@ class PagedCacheMachine(ConformanceMachine):
                                      f"'cached_first' takes a cached copy, here of {missed[0][1]}",
                                      kind="reuse differs from the rules")
         self._settle(after, before, needed, what, set(table[:len(hit)]))
+        if hit:
+            self.exercised("prefix hit")
+        if fork_of is not None:
+            self.exercised("fork")
         return sequence
 
     def _append(self, sequence: Hashable, tokens: list[int]) -> None:
@@ -354,8 +363,11 @@ class PagedCacheMachine(ConformanceMachine):
             self._rejected(what, ErrorKind.REVISION_MISMATCH, Capability.BINDING_CHECKS.value, action, handed)
             return
         if not fits(needed, before.free, set(before.cached), set()):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, handed)
             return
+        if shared and length % self.block_size:
+            self.exercised("append into a shared block")
         reference = self._oracle(live.weights, live.tokens + tokens)
         wanted, tolerance = self.judge.bound(reference, lambda t: t.logits[length:])
         logits = self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value
@@ -386,9 +398,11 @@ class PagedCacheMachine(ConformanceMachine):
             return self.adapter.paged_fork(self.pool, sequence)
 
         if not fits(needed, before.free, set(before.cached), set()):
+            self.exercised("pool full")
             self._rejected(f"{what} (needs {needed} blocks)", ErrorKind.FULL, PAGED_PREFIX_SHARING, action, Inputs())
             return None
         child = self.call(what, action).value
+        self.exercised("fork")
         if not isinstance(child, Hashable) or child in self.live:
             raise NonConformance(f"{what}: returned sequence id {child!r}, which is not a new hashable id",
                                  kind="malformed result")

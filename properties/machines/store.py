@@ -183,11 +183,15 @@ class PrefixStoreMachine(ConformanceMachine):
                                  f"(entries, oldest first: {[(e.scope, list(e.tokens)) for e in self.entries]})",
                                  kind="reuse differs from the rules", check=f"{verb} reuse")
         cut = int(reported[1])
+        if cut:
+            self.exercised(f"{verb} prefix hit")
         logits, tolerance = self.judge.bound(reference, lambda t: t.logits[cut:])
         self.judge.close(np.asarray(result_logits), logits, tolerance, what=f"{what}: logits from position {cut}",
                          check="logits", axes=("row", "vocab id"))
         self.last_logits = result_logits
         if verb == "prefill":
+            if len(self.entries) >= self.capacity:
+                self.exercised("entry evicted")
             self.entries = [*self.entries, Entry(scope, key, tuple(tokens), weights, index)][-self.capacity:]
 
     @rule(data=st.data())

@@ -34,7 +34,7 @@ from ..judge.failures import SuiteError, check_of, kind_of
 from ..judge.tolerance import Judge
 from ..machines import MACHINES
 from ..protocol.declarations import LayerLimits
-from . import budget, databases, first_failure, known_failures, profiles, runner, selection
+from . import budget, databases, exercise, first_failure, known_failures, profiles, runner, selection
 from .identity import PACKAGE_DIR, is_suite_file
 from .report import ConformanceReport, examples_from_statistics
 from .runner import PropertyRun
@@ -46,6 +46,7 @@ FAST_SHRINK_SECONDS = 5.0  # under -x: the first failure fast, shrunk as far as 
 REGRESSIONS = PACKAGE_DIR / "regressions"  # the suite's own corpus: package data
 CHECKOUT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "impl").is_dir() else None  # a clone of the repository
 _ACTIVE = pytest.StashKey[bool]()
+SUITE_CHECK = "kv_suite_check"  # the marker of a property that checks only the suite itself
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -129,6 +130,8 @@ class _Activation:
     def pytest_configure(self, config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{known_failures.FORMER_IDS}(ids): the parametrised properties this "
                                            "one replaced, {suffix: machine parameters} (run/known_failures.py)")
+        config.addinivalue_line("markers", f"{SUITE_CHECK}(why): checks the suite itself and runs no adapter code: "
+                                           "reported apart from the implementation's verdict")
         if _is_the_suite(config):
             _activate(config)
 
@@ -173,6 +176,7 @@ def _activate(config: pytest.Config) -> None:
         config.pluginmanager.register(first_failure.FirstFailure(), "kvcache-first-failure")
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(CauseSearches(), "kvcache-cause-searches")
+        config.pluginmanager.register(exercise.ExerciseSummary(adapter.capabilities), "kvcache-exercise")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
         config.pluginmanager.register(ConformanceReport(Path(report).resolve(), Path(xfails) if xfails else None),
@@ -287,6 +291,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     len(_FIRST))
 
     items.sort(key=rank)  # stable: the order within a file is kept
+    for item in items:  # carried to the report with the test's other user properties (from xdist workers too)
+        marker = item.get_closest_marker(SUITE_CHECK)
+        if marker is not None:
+            item.user_properties.append(("kv_suite_check", str(marker.args[0]) if marker.args else True))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

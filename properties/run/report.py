@@ -29,13 +29,14 @@ from hypothesis import settings
 
 from ..judge.failures import Cause
 from ..judge.tolerance import Judge
-from . import selection
+from . import exercise, selection
 from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
-REPORT_VERSION = 3  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
-# 3: the outcome cut short (by --kv-budget) and the budget
+REPORT_VERSION = 4  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
+# 3: the outcome cut short (by --kv-budget) and the budget; 4: exercise, suite_checks (the summary counts only
+# verdicts about the implementation)
 # "suite error": the suite failed while judging (judge.failures.SuiteError), no verdict about the implementation
 OUTCOMES = ("passed", "failed", "suite error", "xfailed", "xpassed", "skipped", "cut short", "unfinished", "not run")
 _FINISHED = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
@@ -144,6 +145,8 @@ class ConformanceReport:
         adapter = selection.selected()
         current = settings.default
         entries = self._entries()
+        verdicts = [e for e in entries if not e.get("suite_check")]  # the suite's self-checks are no verdict
+        checks = [e for e in entries if e.get("suite_check")]
         return {
             "format": REPORT_FORMAT,
             "format_version": REPORT_VERSION,
@@ -159,7 +162,9 @@ class ConformanceReport:
             "oracle": selection.oracle_name(),
             "rule": Judge.for_adapter(adapter, selection.oracle_numbers()).rule,
             "known_failures": str(self.known_failures) if self.known_failures else None,
-            "summary": {o: sum(1 for e in entries if e["outcome"] == o) for o in OUTCOMES},
+            "summary": {o: sum(1 for e in verdicts if e["outcome"] == o) for o in OUTCOMES},
+            "suite_checks": {o: sum(1 for e in checks if e["outcome"] == o) for o in OUTCOMES},
+            "exercise": exercise.summary(verdicts, adapter.capabilities),
             "budget": budget_of(entries),
             "causes": causes(entries),
             "suite_errors": suite_errors(entries),
@@ -307,6 +312,7 @@ def markdown(document: dict[str, Any]) -> str:
            + (f"; it cut short the cause search of {', '.join(f'`{p}`' for p in budget['cause_search_cut'])}"
               if budget["cause_search_cut"] else "")] if budget else []),
         f"- {', '.join(counted)}",
+        *_suite_checks(document),
         "",
     ]
     if document["causes"]:
@@ -337,6 +343,7 @@ def markdown(document: dict[str, Any]) -> str:
         lines += [f"| `{s['property']}` | {s['causes']} | {s['stopped']} | {s['seconds']} | `{s['lift']}` |"
                   for s in document["cause_searches_bounded"]]
         lines.append("")
+    lines += exercise.markdown(document.get("exercise") or {})
     lines += ["## Properties", "",
               "| property | result | runs | worst error / tolerance | trace or reason |",
               "|---|---|---|---|---|"]
@@ -349,6 +356,14 @@ def markdown(document: dict[str, Any]) -> str:
         if entry.get("rules_left_out"):
             parts.append("rules left out: " + "; ".join(f"`{rule}` ({_cell(why)})"
                                                          for rule, why in entry["rules_left_out"].items()))
-        lines.append(f"| `{entry['property']}` | {entry['outcome']} | {entry.get('runs', '')} | {error} | "
+        outcome = f"{entry['outcome']} (suite check)" if entry.get("suite_check") else entry["outcome"]
+        lines.append(f"| `{entry['property']}` | {outcome} | {entry.get('runs', '')} | {error} | "
                      f"{' -- '.join(parts)} |")
     return "\n".join(lines) + "\n"
+
+
+def _suite_checks(document: dict[str, Any]) -> list[str]:
+    """The line for the properties that check only the suite (its oracle against mpmath): counted apart."""
+    checks = document.get("suite_checks") or {}
+    counted = [f"{checks[o]} {o}" for o in OUTCOMES if checks.get(o)]
+    return [f"- the suite's own checks (no adapter code; not counted above): {', '.join(counted)}"] if counted else []

@@ -36,6 +36,7 @@ from ..traces import codec, recording
 from . import budget as run_budget
 from . import known_failures, selection
 from .databases import SecondaryOnly, property_settings
+from .exercise import Tally, merged
 from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
@@ -81,6 +82,7 @@ class RunResult:
     shrinking_stopped: bool = False  # the shrink budget ran out: the trace is the shortest failing run found
     met_again: Counter[tuple[Cause, str]] = field(default_factory=Counter)  # examples discarded: (cause, rule)
     stopped_by_budget: bool = False  # --kv-budget: cut short before an example, with no failure (not a full pass)
+    exercise: Tally = field(default_factory=Tally)  # what every machine built ran and met
 
 
 def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, parameters: dict[str, Any] | None = None,
@@ -174,6 +176,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
 
 def _keep_worst(result: RunResult, machine: Any) -> None:
     result.worst = closer_to_failing(machine.judge.worst, result.worst)
+    result.exercise.add(machine)
     family = getattr(machine, "family", None) if hasattr(machine, "config") else None
     if family is not None:
         result.families[family] += 1
@@ -377,6 +380,9 @@ class PropertyRun:
         self.record("runs", result.runs + dict(self.node.user_properties).get("kv_runs", 0))
         if result.families:
             self.record("families", dict(sorted(result.families.items())))
+        if result.exercise:  # added to the searches before (the causes'), over every example
+            self.record("exercise", merged([dict(self.node.user_properties).get("kv_exercise"),
+                                            result.exercise.to_json(machine)]))
         self.record("worst_error", result.worst[0])
         self.record("tolerance", result.worst[1])
         self.record("rule", result.rule)
