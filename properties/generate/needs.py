@@ -70,6 +70,8 @@ DECLARATIONS: dict[str, Declaration] = {
     "paged_policy.request_keys": Declaration(lambda a: list(PagedPolicy.of(a).request_keys),
                                              lambda recorded, here: not recorded or recorded == here),
     "paged_policy.truncate": Declaration(lambda a: PagedPolicy.of(a).truncate),
+    # the rule that sets up a cached and an in-use copy of one block runs only where duplicates are registered
+    "paged_policy.duplicates": Declaration(lambda a: PagedPolicy.of(a).duplicates),
     # a program that forks runs under any fork but "none" (each judged as its pool declares)
     "paged_policy.fork": Declaration(lambda a: PagedPolicy.of(a).fork,
                                      lambda recorded, here: recorded == here or "none" not in (recorded, here)),

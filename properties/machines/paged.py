@@ -71,6 +71,7 @@ VARIANTS = ("same", "extend", "prefix", "edit")  # adds built from an earlier on
 # The policy's parts that shape what is drawn (generate.needs.DECLARATIONS); the rest only shapes the expectations.
 SIGNATURE, REQUEST_KEYS = "paged_policy.hash_keys signature", "paged_policy.request_keys"
 TRUNCATE, FORK = "paged_policy.truncate", "paged_policy.fork"
+DUPLICATES = "paged_policy.duplicates"
 
 
 @dataclass
@@ -653,7 +654,7 @@ class PagedCacheMachine(ConformanceMachine):
                 self._free(sequence)
 
     @rule(data=st.data(), when=lambda self: self.policy.duplicates == "registered" and not self.state.cached
-          and self.state.free >= 2)
+          and self.state.free >= 2, relies_on=[DUPLICATES])
     def with_duplicates_hit_a_cached_and_an_in_use_copy(self, data: Draws) -> None:
         """A prompt of whole blocks added twice (its last block recomputed: a registered duplicate), one of the two
         freed, the pool perhaps filled, then the prompt extended: its hit has a cached and an in-use copy to take
