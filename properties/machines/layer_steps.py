@@ -188,9 +188,9 @@ class LayerSteps(ConformanceMachine):
     @property
     def _held(self) -> Held | None:
         """What an accepted append must keep (docs/spec.md §5.5): every row held, but those a window lets go; none
-        under a recomputed per-tensor or per-channel scale, which re-rounds the rows held at every append."""
-        storage = self.judge.storage
-        if storage is not None and storage.update == "recomputed" and storage.scale in ("per_tensor", "per_channel"):
+        under a declared storage, which may re-round rows held (a recomputed scale at every append, residual rows
+        held exact until their group fills, as HQQ's QuantizedCache does)."""
+        if self.judge.storage is not None:
             return None
         return Held(held_rows, evicts=self.window is not None)
 
