@@ -15,7 +15,7 @@ from ..protocol.model import ModelLimits, ModelPolicy
 
 MAX_POSITIONS = 64  # the model's max_positions
 POSITION_CEILING = 40  # no drawn position (after prompts or shifts) goes past it
-MAX_SEQUENCES, MAX_CELLS, MAX_PROMPT = 3, 12, 4
+MAX_SEQUENCES, MAX_CELLS, MAX_PROMPT = 3, 16, 4
 
 
 def _bounded(upper: int, limit: int | None) -> int:
@@ -50,12 +50,12 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
 
 @st.composite
 def context_configs(draw: st.DrawFn, policy: ModelPolicy, limits: ModelLimits) -> ContextConfig:
-    """A context of a declared kind: 2-3 sequences, 3-12 cells (per-sequence: at least 2 for each)."""
+    """A context of a declared kind: 2-3 sequences, 6-16 cells (per-sequence: at least 3 for each)."""
     unified = draw(st.sampled_from(sorted(k == "unified" for k in policy.contexts)), label="unified")
     most = _bounded(MAX_SEQUENCES, limits.max_sequences)
     sequences = draw(st.integers(min(2, most), most), label="sequences")
     cells_most = _bounded(MAX_CELLS, limits.max_cells)
-    least = min(cells_most, 3 if unified else 2 * sequences)
+    least = min(cells_most, 6 if unified else 3 * sequences)
     cells = draw(st.integers(least, cells_most), label="cells")
     return ContextConfig(cells=cells, max_sequences=sequences, unified=unified)
 

@@ -278,11 +278,13 @@ class ModelMachine(ConformanceMachine):
         self._sequence_call(f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
                             lambda: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_COPY])
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
     def copy(self, data: Draws) -> None:
         """One sequence's cells (all, or a range) into another, empty or not: merged or replacing as
-        declared."""
-        src, dst = self._a_sequence(data, "source"), self._a_sequence(data, "destination")
+        declared. The source is one holding cells, if any does."""
+        held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
+        src = data.draw(st.sampled_from(held or list(range(self.sequences))), label="source")
+        dst = data.draw(st.sampled_from([seq for seq in range(self.sequences) if seq != src]), label="destination")
         p0, p1 = (-1, -1) if self.whole_copies_only or data.draw(st.booleans(), label="whole") else \
             self._range(data, src)
         nonempty = self.oracles[0].pos_max(dst) >= 0
@@ -293,8 +295,10 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_KEEP])
     def keep(self, data: Draws) -> None:
-        """Every other sequence's cells removed."""
-        seq = self._a_sequence(data)
+        """Every other sequence's cells removed (a cell it shares leaves the others). The sequence kept is one
+        holding cells, if any does."""
+        held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
+        seq = data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence")
         self._sequence_call(f"keep sequence {seq}", lambda o: o.keep(seq),
                             lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
 
