@@ -22,3 +22,17 @@ def test_the_layer_machines_do_not_apply_to_it() -> None:
     for machine in ("layer_cache", "session", "paged"):
         assert MACHINES[machine].needs().problem(adapter) is not None, machine
     assert MACHINES["model"].needs().problem(adapter) is None
+
+
+def test_the_model_machine_drives_a_model_in_a_child_process() -> None:
+    """A native engine's adapter, isolated (docs/adapters.md "Whole models"): contexts stay in the child as
+    handles, batches, logits and saved states cross by value."""
+    from kvcache_conformance.protocol.isolation import isolated
+
+    adapter = isolated("impl.model_conformance:make_model_adapter", timeout=None)
+    try:
+        result = run_machine("model", adapter, property_id="model-isolated",
+                             settings=profiles.settings_for("ci", database=None, max_examples=5))
+    finally:
+        adapter.stop()
+    assert result.failure is None, result.failure
