@@ -284,7 +284,8 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
-        f"twin-model-{name}", REFERENCE, _model(policy)), "model", {}, "") for name, policy in MODEL_POLICIES.items()},
+        f"twin-model-{name}", REFERENCE, _model(policy), model_policy=ReferenceAdapter.model_policy), "model", {}, "")
+       for name, policy in MODEL_POLICIES.items()},
     "model-unified-only-claims-both": (lambda: Declared("twin-model-unified-only", REFERENCE, OneContextKind(True)),
                                        "model", {}, ""),
     "model-per-sequence-only-claims-both": (
