@@ -25,8 +25,9 @@ def _bounded(upper: int, limit: int | None) -> int:
 @st.composite
 def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits) -> ModelConfig:
     """A tiny model: vocab 2-12, 1-2 layers, 1-2 kv heads times a group of 1-2 (GQA only if declared), head
-    width 2 or 4 (the two narrowest of 2, 4, 32, 64 within the limits: a ``head_width_multiple`` is honoured), model width 2-8, FFN 2-8, a
-    declared RoPE pairing, a window only if ``sliding_window`` is declared, tied or untied."""
+    width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured), model
+    width 2-8, FFN 2-8, a declared RoPE pairing, a window only if ``sliding_window`` is declared, tied or
+    untied."""
     styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities]
     style = draw(st.sampled_from(styles), label="rope style")
     widths = [w for w in (2, 4, 32, 64) if w <= _bounded(64, limits.max_head_width)

@@ -273,7 +273,9 @@ class ModelMachine(ConformanceMachine):
     def remove(self, data: Draws) -> None:
         """A position range of one sequence (or of every sequence, -1) removed: at the end, from the start, in
         the middle, or all of it; a cell another sequence shares stays for that one."""
-        seq = data.draw(st.integers(-1, self.sequences - 1), label="sequence")
+        self._remove(data, data.draw(st.integers(-1, self.sequences - 1), label="sequence"))
+
+    def _remove(self, data: Draws, seq: int) -> None:
         p0, p1 = self._range(data, max(seq, 0))
         self._sequence_call(f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
                             lambda: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
@@ -287,6 +289,9 @@ class ModelMachine(ConformanceMachine):
         dst = data.draw(st.sampled_from([seq for seq in range(self.sequences) if seq != src]), label="destination")
         p0, p1 = (-1, -1) if self.whole_copies_only or data.draw(st.booleans(), label="whole") else \
             self._range(data, src)
+        self._copy(src, dst, p0, p1)
+
+    def _copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         nonempty = self.oracles[0].pos_max(dst) >= 0
         self._sequence_call(f"copy [{p0}, {p1}) of sequence {src} into {'non-empty' if nonempty else 'empty'} "
                             f"sequence {dst}", lambda o: o.copy(src, dst, p0, p1),
@@ -298,7 +303,9 @@ class ModelMachine(ConformanceMachine):
         """Every other sequence's cells removed (a cell it shares leaves the others). The sequence kept is one
         holding cells, if any does."""
         held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
-        seq = data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence")
+        self._keep(data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence"))
+
+    def _keep(self, seq: int) -> None:
         self._sequence_call(f"keep sequence {seq}", lambda o: o.keep(seq),
                             lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
 
@@ -306,7 +313,9 @@ class ModelMachine(ConformanceMachine):
     def shift(self, data: Draws) -> None:
         """A range of one sequence's positions moved by -3..3: keys re-rotated, values kept as computed (not a
         recomputation); below 0 the cells leave (or, declared not_drawn, never asked)."""
-        seq = self._a_sequence(data)
+        self._shift(data, self._a_sequence(data))
+
+    def _shift(self, data: Draws, seq: int) -> None:
         p0, p1 = self._range(data, seq)
         low, high = self._moved(seq, p0, p1)
         least = -3 if self.policy.negative_shift == "removed" else max(-3, -low)
@@ -318,6 +327,30 @@ class ModelMachine(ConformanceMachine):
                             lambda o: o.shift(seq, p0, p1, delta),
                             lambda: self.adapter.seq_shift(self.context, seq, p0, p1, delta),
                             seq=seq, p0=p0, p1=p1, delta=delta)
+
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
+    def fork_then_change_one(self, data: Draws) -> None:
+        """A sequence (prompted first if empty) copied whole into another, as parallel sampling forks, then one
+        of the two changed -- a range removed, kept alone, shifted, or a token decoded -- set up whole in one
+        rule (Hypothesis leaves a random subset of rules out of every run): the other holds what it held."""
+        src = self._a_sequence(data, "source")
+        if self.oracles[0].pos_max(src) < 0:
+            self._decode(f"prompt of sequence {src}", self._batch(
+                data, [src], [data.draw(st.integers(1, MAX_PROMPT), label="tokens")], mixed=False))
+        dst = data.draw(st.sampled_from([seq for seq in range(self.sequences) if seq != src]), label="destination")
+        self._copy(src, dst, -1, -1)
+        seq = data.draw(st.sampled_from([src, dst]), label="changed")
+        offered = [name for name, capability in (("remove", Capability.SEQ_REMOVE), ("keep", Capability.SEQ_KEEP),
+                                                 ("shift", Capability.SEQ_SHIFT)) if self.has(capability)]
+        change = data.draw(st.sampled_from([*offered, "decode"]), label="change")
+        if change == "remove":
+            self._remove(data, seq)
+        elif change == "keep":
+            self._keep(seq)
+        elif change == "shift":
+            self._shift(data, seq)
+        else:
+            self._decode(f"one token of sequence {seq}", self._batch(data, [seq], [1], mixed=False))
 
     def _moved(self, seq: int, p0: int, p1: int) -> tuple[int, int]:
         """The lowest and highest position in the range of ``seq``'s cells, and of every sequence sharing one of
