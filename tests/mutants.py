@@ -550,8 +550,7 @@ MODEL_MUTANTS = (
     Mutant("model_keep_leaves_sharers", "model.py",
            (("        self.members[:] = False\n        self.members[..., seq] = kept\n",
              "        self.members[~kept] = False\n"),),
-           "keep leaves a kept cell in the other sequences sharing it", "model",
-           examples=300),  # needs a unified context, a copy from a sequence holding cells, then a keep
+           "keep leaves a kept cell in the other sequences sharing it", "model"),
     Mutant("model_keep_reads_the_first_store", "model.py",
            (("        self.members[..., seq] = kept\n", "        self.members[0, :, seq] = kept[0]\n"),),
            "keep in a per-sequence context keeps the sequence's cells of the first store only", "model"),
