@@ -19,6 +19,7 @@ from .attention import AttentionLayer
 from .cache import LayerKvCache
 from .decoder import Decoder, DecodeSession
 from .functions import Functions
+from .model_conformance import MODEL_CAPABILITIES, MODEL_ERROR_KINDS, ModelReferenceMethods
 from .paged_conformance import PagedReferenceMethods
 from .prefix_store import BlockRows, PrefixStore, QueryResult
 from .rope import RopeConfig
@@ -46,6 +47,7 @@ ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.InvalidLength: "invalid_length",
     errors.RowsEvicted: "evicted",
     errors.InvalidIndices: "invalid_indices",
+    **MODEL_ERROR_KINDS,
 }
 
 
@@ -62,7 +64,7 @@ class Snapshot:
     positions: np.ndarray
 
 
-class ReferenceAdapter(PagedReferenceMethods):
+class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
     name = "impl-reference"
     version = __version__
     capabilities = frozenset({
@@ -73,7 +75,7 @@ class ReferenceAdapter(PagedReferenceMethods):
         "chunked_append", "truncate", "batch_reorder", "batch_select", "batch_repeat", "fork",
         "sliding_window_layer", "attention_sinks",
         "validates_length", "validates_indices", "paged_prefix_sharing",
-    })
+    }) | MODEL_CAPABILITIES  # the whole model (docs/spec.md §15): impl.model_conformance
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
         return AttentionLayer.from_arrays(weights.wq, weights.wk, weights.wv, weights.wo,
@@ -359,13 +361,13 @@ def make_padding_page_paged_adapter() -> PaddingPagePagedAdapter:
 
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
-    arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder
-    and the paged pool compute their own functions in float64."""
+    arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,
+    the paged pool and the whole model compute their own functions in float64."""
 
     name = f"{ReferenceAdapter.name}[transcendentals float32]"
     capabilities = ReferenceAdapter.capabilities - {
         "float64", "decode_session", "prefix_store", "sliding_window", "positions_sinusoidal", "positions_rope",
-        "paged_prefix_sharing"}
+        "paged_prefix_sharing"} - MODEL_CAPABILITIES
     mixed_precision: ClassVar[dict[str, str]] = {"transcendentals": "float32"}
     functions = Functions("float32")
 

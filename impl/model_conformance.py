@@ -1,7 +1,8 @@
 """The reference whole model for the conformance suite (capability ``whole_model``, docs/spec.md §15).
 
-``ModelReferenceAdapter`` drives ``impl.model`` through the model protocol's methods (by their names:
-``impl`` imports no protocol); ``make_model_adapter`` builds it. Its policy is llama.cpp's unified
+``ModelReferenceMethods`` drives ``impl.model`` through the model protocol's methods (by their names:
+``impl`` imports no protocol); the default reference mixes it in, and ``ModelReferenceAdapter``
+(``make_model_adapter``) is the whole model alone. Its policy is llama.cpp's unified
 reading: copies share cells in a unified context and merge into a non-empty destination.
 """
 
@@ -21,24 +22,26 @@ MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
 }
 
 
-class ModelReferenceAdapter:
-    name = "kvcache-reference-model"
-    version = "1"
-    capabilities = frozenset({"whole_model", "float64", "gqa", "rope_interleaved", "rope_half_split",
-                              "sliding_window", "fixed_capacity", "seq_remove", "seq_copy", "seq_keep", "seq_shift",
-                              "seq_divide", "seq_state", "validates_model_batch", "validates_sequence_ops"})
+# What the model methods add to an adapter's capabilities (its model's own conventions are declared beside them).
+MODEL_CAPABILITIES = frozenset({"whole_model", "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide",
+                                "seq_state", "validates_model_batch", "validates_sequence_ops"})
+
+
+class ModelReferenceMethods:
+    """The model protocol's methods over ``impl.model``, and the policy they follow, as a mixin: the default
+    reference (``impl.conformance.ReferenceAdapter``) exposes the whole model through it, as it exposes its paged
+    pool through ``PagedReferenceMethods``. Its ``error_kind`` must map ``MODEL_ERROR_KINDS``."""
+
     model_policy: ClassVar[dict[str, Any]] = {"contexts": ["unified", "per_sequence"], "shared_copies": True,
                                               "copy_unified": "merge", "copy_per_sequence": "merge"}
 
-    dtype = "float64"
-
     def create_model(self, config: Any, weights: Any) -> LlamaModel:
-        return LlamaModel(config, weights, dtype=self.dtype)
+        return LlamaModel(config, weights, dtype=getattr(self, "dtype", "float64"))
 
     def create_context(self, model: LlamaModel, config: Any) -> ModelContext:
-        copy = self.model_policy["copy_unified" if config.unified else "copy_per_sequence"]
+        copy = self.model_policy.get("copy_unified" if config.unified else "copy_per_sequence", "merge")
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
-                            shared_copies=self.model_policy["shared_copies"], copy_into_nonempty=copy,
+                            shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
                             kv_dtype=getattr(self, "kv_storage", None))
 
     def context_cells(self, context: ModelContext) -> int:
@@ -79,6 +82,16 @@ class ModelReferenceAdapter:
 
     def load_sequence(self, context: ModelContext, seq: int, state: Any) -> None:
         context.load(seq, state)
+
+
+class ModelReferenceAdapter(ModelReferenceMethods):
+    """The whole model alone (no layer caches, no decoder)."""
+
+    name = "kvcache-reference-model"
+    version = "1"
+    capabilities = MODEL_CAPABILITIES | {"float64", "gqa", "rope_interleaved", "rope_half_split", "sliding_window",
+                                         "fixed_capacity"}
+    dtype = "float64"
 
     def error_kind(self, error: BaseException) -> str | None:
         for error_type, kind in MODEL_ERROR_KINDS.items():

@@ -34,6 +34,9 @@ from impl.conformance import (
     UncheckedCapacityAdapter,
     WindowUntilFullAdapter,
 )
+from impl.errors import SequenceOperationRefused
+from impl.model import ModelContext
+from impl.model_conformance import LowPrecisionModelAdapter, ModelReferenceAdapter
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
@@ -45,7 +48,8 @@ EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) 
 DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_interleaved", "rope_half_split"}
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
-           "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"}}
+           "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"},
+           "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state"}}
 
 
 class Declared:
@@ -263,6 +267,84 @@ POLICIES = {
 LAYER_ONLY = {c for c in REFERENCE if c not in {"decode_session", "prefix_store", "paged_prefix_sharing",
                                                  "sliding_window", "positions_sinusoidal", "positions_rope"}}
 
+# -- whole models (docs/spec.md §15.7): the reference's model under each ModelPolicy declaration ---------------
+
+def _model(policy: dict[str, Any], base: type = ReferenceAdapter) -> Any:
+    """The reference's whole model under another policy (it implements each copy rule and both context kinds)."""
+    class Policy(base):  # type: ignore[valid-type, misc]
+        model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, **policy}
+    return Policy()
+
+
+MODEL_POLICIES = {
+    "copy-replace": {"copy_unified": "replace", "copy_per_sequence": "replace"},
+    "copy-whole-only": {"copy_unified": "whole_only", "copy_per_sequence": "whole_only"},
+    "copy-per-sequence-whole-only": {"copy_per_sequence": "whole_only"},  # llama.cpp's
+    "copies-duplicated": {"shared_copies": False},
+}
+
+
+class OneContextKind(ReferenceAdapter):
+    """Creates contexts of one kind only (an engine built for one layout of its cache)."""
+
+    def __init__(self, unified: bool) -> None:
+        self.unified = unified
+
+    def create_context(self, model: Any, config: Any) -> ModelContext:
+        if config.unified != self.unified:
+            raise SequenceOperationRefused("create_context", "only one kind of context")
+        return super().create_context(model, config)
+
+
+class NoNegativeShift(ReferenceAdapter):
+    """Refuses a shift that would take a cell below position 0, instead of removing the cell."""
+
+    def seq_shift(self, context: ModelContext, seq: int, p0: int, p1: int, delta: int) -> None:
+        if 0 <= seq < context.sequences:
+            stream = context.stream(seq)
+            held = context.positions[stream][context.members[stream, :, seq]]
+            if any(p + delta < 0 for p in held if p >= max(p0, 0) and (p1 < 0 or p < p1)):
+                raise SequenceOperationRefused("seq_shift", "a cell would go below position 0")
+        super().seq_shift(context, seq, p0, p1, delta)
+
+
+MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
+
+
+def _low_precision(kv_storage: str) -> Declared:
+    """float32 computation over a float16 cache (llama.cpp's default), declaring the cache ``kv_storage``."""
+    return Declared(f"model-float32-kv-{kv_storage}", MODEL_ONLY, LowPrecisionModelAdapter("float32", "float16"),
+                    layer_caches=False, dtype="float32", kv_storage=kv_storage)
+
+
+MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
+    **{f"model-{name}": (lambda name=name, policy=policy: Declared(
+        f"model-{name}", REFERENCE, _model(policy), model_policy={**ReferenceAdapter.model_policy, **policy}))
+       for name, policy in MODEL_POLICIES.items()},
+    "model-unified-only": lambda: Declared("model-unified-only", REFERENCE, OneContextKind(True), model_policy={
+        **ReferenceAdapter.model_policy, "contexts": ["unified"]}),
+    "model-per-sequence-only": lambda: Declared("model-per-sequence-only", REFERENCE, OneContextKind(False),
+                                                model_policy={**ReferenceAdapter.model_policy,
+                                                              "contexts": ["per_sequence"]}),
+    "model-negative-shift-not-drawn": lambda: Declared("model-negative-shift-not-drawn", REFERENCE, NoNegativeShift(),
+                                                       model_policy={**ReferenceAdapter.model_policy,
+                                                                     "negative_shift": "not_drawn"}),
+    "model-float32-kv-float16": lambda: _low_precision("float16"),
+}
+MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
+    **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
+        f"twin-model-{name}", REFERENCE, _model(policy), model_policy=ReferenceAdapter.model_policy), "model", {}, "")
+       for name, policy in MODEL_POLICIES.items()},
+    "model-unified-only-claims-both": (lambda: Declared("twin-model-unified-only", REFERENCE, OneContextKind(True)),
+                                       "model", {}, ""),
+    "model-per-sequence-only-claims-both": (
+        lambda: Declared("twin-model-per-sequence-only", REFERENCE, OneContextKind(False)), "model", {}, ""),
+    "model-negative-shift-claims-removed": (lambda: Declared("twin-model-no-negative-shift", REFERENCE,
+                                                             NoNegativeShift()), "model", {}, "expected success"),
+    "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
+}
+
+
 VARIANTS: dict[str, Callable[[], Any]] = {
     **{f"without-{c}": (lambda c=c: _without(c)) for c in sorted(REFERENCE)},
     "paged-only": lambda: Declared("paged-only", DECODER | {"paged_prefix_sharing", "validates_tokens",
@@ -467,6 +549,8 @@ TWINS.update({
     "paged-block-ids-per-table": (lambda: Declared("twin-block-ids-per-table", REFERENCE, BlockIdsPerTable()),
                                   "paged", {}, ""),
 })
+VARIANTS.update(MODEL_VARIANTS)
+TWINS.update(MODEL_TWINS)
 
 
 def variant(name: str) -> Any:

@@ -584,6 +584,80 @@ MUTANTS = (
 )
 
 
+# The whole model (impl/model.py, docs/spec.md §15): at least two visible mutants of each sequence operation, killed
+# by the model machine behind the default reference.
+MODEL_MUTANTS = (
+    Mutant("model_decode_writes_then_raises_full", "model.py",
+           (('                raise ContextFull(len(mine), len(free), "decoding the batch")',
+             '                self.members[stream, free, sequences[mine][:len(free)]] = True\n'
+             '                self.positions[stream, free] = positions[mine][:len(free)]\n'
+             '                raise ContextFull(len(mine), len(free), "decoding the batch")'),),
+           "a batch without room writes the tokens that fit, then raises full", "model"),
+    Mutant("model_batch_sees_other_sequences", "model.py",
+           (("batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]",
+             "batch = np.ones((len(mine), len(mine)), dtype=bool)  # [m, m]"),),
+           "a token of a batch mixing sequences sees the other sequences' tokens of the batch", "model"),
+    Mutant("model_remove_p1_inclusive", "model.py",
+           (("((self.positions < p1) if p1 >= 0 else True)", "((self.positions <= p1) if p1 >= 0 else True)"),),
+           "a range [p0, p1) includes p1 (seq_rm, and every ranged operation)", "model"),
+    Mutant("model_remove_frees_shared_cells", "model.py",
+           (("            self.members[..., seq] &= ~chosen\n",
+             "            self.members[chosen & self.members[..., seq]] = False\n"),),
+           "removing a shared cell from one sequence removes it from every sequence sharing it", "model"),
+    Mutant("model_copy_shares_across_stores", "model.py",
+           (("self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty",
+             "self.shared_copies, self.copy_into_nonempty = shared_copies, copy_into_nonempty"),),
+           "a copy in a per-sequence context shares the source's cells instead of copying them into the destination's"
+           " store", "model"),
+    Mutant("model_copy_ignores_the_range", "model.py",
+           (("picked = np.flatnonzero(chosen[source] & self.members[source, :, src])",
+             "picked = np.flatnonzero(self.members[source, :, src])"),),
+           "a range copy copies the whole source sequence", "model"),
+    Mutant("model_copy_replaces_when_merging", "model.py",
+           (('replacing = self.copy_into_nonempty != "merge"', "replacing = True"),),
+           "declares merge, but a copy into a non-empty sequence drops its cells first", "model"),
+    Mutant("model_keep_leaves_sharers", "model.py",
+           (("        self.members[:] = False\n        self.members[..., seq] = kept\n",
+             "        self.members[~kept] = False\n"),),
+           "keep leaves a kept cell in the other sequences sharing it", "model"),
+    Mutant("model_keep_reads_the_first_store", "model.py",
+           (("        self.members[..., seq] = kept\n", "        self.members[0, :, seq] = kept[0]\n"),),
+           "keep in a per-sequence context keeps the sequence's cells of the first store only", "model"),
+    Mutant("model_shift_not_re_rotated", "model.py",
+           (("self.keys[stream, layer, picked] = self.model.rotate(held, moved)",
+             "self.keys[stream, layer, picked] = held"),),
+           "a shift moves positions but leaves the stored keys rotated at the old ones", "model"),
+    Mutant("model_shift_rotates_backwards", "model.py",
+           (("moved = new_positions[picked] - self.positions[stream, picked]",
+             "moved = self.positions[stream, picked] - new_positions[picked]"),),
+           "a shift re-rotates the stored keys by minus the change of position", "model"),
+    Mutant("model_divide_rounds_up", "model.py",
+           (("self.positions[stream] // d)", "-(-self.positions[stream] // d))"),),
+           "divide rounds p / d up instead of down", "model"),
+    Mutant("model_divide_ignores_the_range", "model.py",
+           (('self._move(seq, self._in_range(p0, p1, "seq_divide")[stream],',
+             'self._move(seq, self._in_range(-1, -1, "seq_divide")[stream],'),),
+           "divide divides every position of the sequence, whatever the range", "model"),
+    Mutant("model_load_keeps_own_cells", "model.py",
+           (("        self.remove(seq, -1, -1)\n        self._write(stream, seq, state.positions",
+             "        self._write(stream, seq, state.positions"),),
+           "a load keeps the destination's own cells beside the loaded ones", "model"),
+    Mutant("model_load_into_the_first_store", "model.py",
+           (('        stream = self.stream(seq)\n        only_seq = self.members[stream, :, seq]',
+             '        stream = 0\n        only_seq = self.members[stream, :, seq]'),),
+           "a load into another id of a per-sequence context writes into the first sequence's store", "model"),
+    Mutant("model_clear_spares_the_first_sequence", "model.py",
+           (("    def clear(self) -> None:\n        self.members[:] = False\n",
+             "    def clear(self) -> None:\n        self.members[..., 1:] = False\n"),),
+           "clear keeps the first sequence's cells", "model"),
+    Mutant("model_clear_first_store_only", "model.py",
+           (("    def clear(self) -> None:\n        self.members[:] = False\n",
+             "    def clear(self) -> None:\n        self.members[0] = False\n"),),
+           "clear empties only the first store of a per-sequence context", "model"),
+)
+MUTANTS = MUTANTS + MODEL_MUTANTS
+
+
 def build(mutant: Mutant, directory: Path, *also: Mutant) -> str:
     """Write the mutated copy of ``impl`` under ``directory`` (with the edits of ``also`` too: one implementation
     with several bugs); return its adapter spec."""
@@ -636,6 +710,8 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
         return [("session", "session", {})]
     if mutant.machine == "paged":
         return [("paged", "paged", {})]
+    if mutant.machine == "model":
+        return [("model", "model", {})]
     if mutant.machine in ("cache operations", "window cache"):  # a window mutant: the windowed run only
         return [(f"operations/{'window' if windowed else 'full'}", "cache_operations", {"windowed": windowed})
                 for windowed in ((True,) if mutant.machine == "window cache" else (False, True))]

@@ -71,6 +71,7 @@ from .layers import (
     weight_updates,
 )
 from .layouts import ORDERS, layout_of, same_layout_copy, with_layout
+from .models import context_configs, model_configs
 
 __all__ = [
     "FAMILIES",
@@ -103,6 +104,7 @@ __all__ = [
     "block_updates",
     "bounded_arrays",
     "chunks",
+    "context_configs",
     "decoder_configs",
     "family_name",
     "geometries",
@@ -116,6 +118,7 @@ __all__ = [
     "layouts",
     "length_problem",
     "malformed_rows",
+    "model_configs",
     "output_overflows",
     "overflow_targets",
     "overflowing_row",

@@ -16,9 +16,10 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ..oracle import ROPE_STYLES, AttentionWeights, DecoderConfig, RopeConfig
+from ..oracle import ROPE_STYLES, AttentionWeights, DecoderConfig, ModelConfig, RopeConfig
 from ..protocol.declarations import LayerLimits
 from ..protocol.kinds import Capability
+from .models import model_requirements
 
 TOLERANCE = 1e-12  # absolute, float64 implementations, on the ranges above
 INPUT_BOUND = 1.0
@@ -51,6 +52,8 @@ class LayerConfig:
 
 def requirements_of(value: object) -> set[str]:
     """The capabilities an implementation must declare to be offered ``value`` (a drawn configuration)."""
+    if isinstance(value, ModelConfig):
+        return model_requirements(value)
     if isinstance(value, LayerConfig):
         if value.rope is None:
             return {Capability.POSITIONLESS.value} | requirements_of(value.weights)

@@ -4,7 +4,8 @@
 - ``operations``: the same steps with chunks, truncation, reorders, forks and windows;
 - ``session``: a decoder's decode session;
 - ``store``: the longest-common-prefix store;
-- ``paged``: a paged pool sharing blocks between sequences (its rules, stated independently: ``paged_rules``).
+- ``paged``: a paged pool sharing blocks between sequences (its rules, stated independently: ``paged_rules``);
+- ``model``: a whole model's batches and sequence operations, against the oracle's cell model.
 
 ``base`` is the machine side of the judging core, and the helpers the decoder
 machines share; ``layer_model`` what a layer cache must hold. A machine never
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from ..traces.recording import TracedMachine
 from .layer import LayerCacheMachine
+from .model import ModelMachine
 from .operations import CacheOperationsMachine
 from .paged import PagedCacheMachine
 from .session import SessionMachine
@@ -23,8 +25,8 @@ from .store import PrefixStoreMachine
 # The machines a trace may name (a trace never names a module: it cannot make replay import code).
 MACHINES: dict[str, type[TracedMachine]] = {
     "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
-    "cache_operations": CacheOperationsMachine, "paged": PagedCacheMachine,
+    "cache_operations": CacheOperationsMachine, "paged": PagedCacheMachine, "model": ModelMachine,
 }
 
-__all__ = ["MACHINES", "CacheOperationsMachine", "LayerCacheMachine", "PagedCacheMachine", "PrefixStoreMachine",
-           "SessionMachine"]
+__all__ = ["MACHINES", "CacheOperationsMachine", "LayerCacheMachine", "ModelMachine", "PagedCacheMachine",
+           "PrefixStoreMachine", "SessionMachine"]

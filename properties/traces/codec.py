@@ -26,13 +26,24 @@ from ..generate.arguments import Argument
 from ..generate.inputs import MalformedRow
 from ..generate.layers import LayerConfig
 from ..generate.layouts import layout_of, with_layout
-from ..oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
+from ..oracle import (
+    AttentionWeights,
+    ContextConfig,
+    DecoderConfig,
+    DecoderWeights,
+    LayerWeights,
+    ModelBatch,
+    ModelConfig,
+    ModelWeights,
+    RopeConfig,
+)
 
 FORMAT = "kvcache-conformance-trace"
 FORMAT_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
 _DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, Argument, DecoderConfig, DecoderWeights,
-                                              LayerConfig, MalformedRow, RopeConfig)}
+                                              LayerConfig, MalformedRow, RopeConfig,
+                                              ModelConfig, ContextConfig, ModelBatch, ModelWeights, LayerWeights)}
 
 
 class TraceError(ValueError):

@@ -1,0 +1,71 @@
+"""What the model machine draws (docs/spec.md §15): tiny Llama-family models and contexts, within what the adapter
+declares (its RoPE pairings, ``gqa``, ``sliding_window``, ``model_limits``, the contexts of its ``model_policy``).
+
+Models stay tiny -- the oracle recomputes in scalar Python -- and positions stay far below ``MAX_POSITIONS``,
+so a shift or a prompt never leaves the model's positions (the machine keeps them under ``POSITION_CEILING``).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from ..oracle import ContextConfig, ModelConfig
+from ..protocol.kinds import Capability
+from ..protocol.model import ModelLimits, ModelPolicy
+
+MAX_POSITIONS = 64  # the model's max_positions
+POSITION_CEILING = 40  # no drawn position (after prompts or shifts) goes past it
+MAX_SEQUENCES, MAX_CELLS, MAX_PROMPT = 3, 16, 4
+
+
+def _bounded(upper: int, limit: int | None) -> int:
+    return upper if limit is None else min(upper, limit)
+
+
+@st.composite
+def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits) -> ModelConfig:
+    """A tiny model: vocab 2-12, 1-2 layers, 1-2 kv heads times a group of 1-2 (GQA only if declared), head
+    width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured), model
+    width 2-8, FFN 2-8, a declared RoPE pairing, a window only if ``sliding_window`` is declared, tied or
+    untied."""
+    styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities]
+    style = draw(st.sampled_from(styles), label="rope style")
+    widths = [w for w in (2, 4, 32, 64) if w <= _bounded(64, limits.max_head_width)
+              and w >= (limits.min_head_width or 0) and w % (limits.head_width_multiple or 1) == 0]
+    head_width = draw(st.sampled_from(widths[:2]), label="head width")
+    kv_heads = draw(st.integers(1, _bounded(2, limits.max_heads)), label="kv heads")
+    groups = 2 if Capability.GQA.value in capabilities else 1
+    group = draw(st.integers(1, max(1, min(groups, _bounded(4, limits.max_heads) // kv_heads))), label="group")
+    window = None
+    if Capability.SLIDING_WINDOW.value in capabilities and draw(st.booleans(), label="windowed"):
+        window = draw(st.integers(1, 4), label="window")
+    return ModelConfig(
+        vocab=draw(st.integers(2, _bounded(12, limits.max_vocab)), label="vocab"),
+        model_width=draw(st.integers(2, _bounded(8, limits.max_model_width)), label="model width"),
+        layers=draw(st.integers(1, _bounded(2, limits.max_layers)), label="layers"),
+        heads=kv_heads * group, kv_heads=kv_heads, head_width=head_width,
+        ffn_width=draw(st.integers(2, _bounded(8, limits.max_ffn_width)), label="ffn width"),
+        rope_style=style, rope_base=draw(st.sampled_from([10000.0, 100.0]), label="rope base"),
+        tied_output=draw(st.booleans(), label="tied"), window=window, max_positions=MAX_POSITIONS)
+
+
+@st.composite
+def context_configs(draw: st.DrawFn, policy: ModelPolicy, limits: ModelLimits) -> ContextConfig:
+    """A context of a declared kind: 2-3 sequences, 6-16 cells (per-sequence: at least 3 for each)."""
+    unified = draw(st.sampled_from(sorted(k == "unified" for k in policy.contexts)), label="unified")
+    most = _bounded(MAX_SEQUENCES, limits.max_sequences)
+    sequences = draw(st.integers(min(2, most), most), label="sequences")
+    cells_most = _bounded(MAX_CELLS, limits.max_cells)
+    least = min(cells_most, 6 if unified else 3 * sequences)
+    cells = draw(st.integers(least, cells_most), label="cells")
+    return ContextConfig(cells=cells, max_sequences=sequences, unified=unified)
+
+
+def model_requirements(config: ModelConfig) -> set[str]:
+    """The capabilities an adapter must declare to be offered a drawn model."""
+    needs = {f"rope_{config.rope_style}"}
+    if config.kv_heads < config.heads:
+        needs.add(Capability.GQA.value)
+    if config.window is not None:
+        needs.add(Capability.SLIDING_WINDOW.value)
+    return needs

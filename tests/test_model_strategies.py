@@ -1,0 +1,124 @@
+"""The model machine draws what it promises: models and contexts within ModelLimits and the declared policy, and
+programs that reach each rule's interesting case (a copy into a non-empty sequence, a shift then a decode, a load
+into another id, a malformed batch on a context holding cells) in the default profile."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from impl import errors
+from impl.model_conformance import ModelReferenceAdapter
+from kvcache_conformance.generate import context_configs, model_configs
+from kvcache_conformance.protocol.model import ModelLimits, ModelPolicy
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import run_machine
+
+LIMITS = {"max_vocab": 5, "max_model_width": 4, "max_layers": 1, "max_heads": 2, "max_ffn_width": 3,
+          "max_cells": 6, "max_sequences": 2, "max_batch": 3}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_models_and_contexts_stay_within_the_limits_and_the_policy(data: st.DataObject) -> None:
+    limits = ModelLimits.of(type("Limited", (), {"model_limits": LIMITS})())
+    config = data.draw(model_configs(frozenset({"rope_half_split"}), limits))
+    assert limits.model_problem(config) is None
+    assert config.rope_style == "half_split" and config.kv_heads == config.heads and config.window is None
+    policy = ModelPolicy(contexts=frozenset({"per_sequence"}))
+    context = data.draw(context_configs(policy, limits))
+    assert limits.context_problem(context) is None and not context.unified
+    quantized = ModelLimits(head_width_multiple=32)
+    assert data.draw(model_configs(frozenset({"rope_interleaved", "gqa"}), quantized)).head_width in (32, 64)
+
+
+class Watching(ModelReferenceAdapter):
+    """The reference, counting what the machine made it do, and failing the run (an untyped error) on a call
+    outside what it declares."""
+
+    name = "test-model-watching"
+    seen: ClassVar[Counter[str]] = Counter()
+    model_limits: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, **policy: Any) -> None:
+        self.model_policy = {**ModelReferenceAdapter.model_policy, **policy}
+        self.saved_from: dict[int, int] = {}
+        self.shifted: set[int] = set()
+
+    def create_context(self, model: Any, config: Any) -> Any:
+        kind = "unified" if config.unified else "per_sequence"
+        if kind not in self.model_policy["contexts"] or ModelLimits.of(self).context_problem(config):
+            raise AssertionError(f"a {kind} context {config} outside the declaration")
+        return super().create_context(model, config)
+
+    def decode_batch(self, context: Any, batch: Any) -> Any:
+        if self.model_limits.get("max_batch", 99) < len(batch.tokens):
+            raise AssertionError(f"a batch of {len(batch.tokens)} tokens past max_batch")
+        holding = any(context.pos_max(s) >= 0 for s in range(context.sequences))
+        try:
+            result = super().decode_batch(context, batch)
+        except errors.MalformedBatch:
+            self.seen["malformed batch on a context holding cells"] += holding
+            raise
+        except errors.ContextFull:
+            self.seen["full"] += 1
+            raise
+        self.seen["batch mixing sequences"] += len(set(batch.sequences)) > 1
+        self.seen["decode after a shift"] += bool(self.shifted & set(batch.sequences))
+        self.shifted -= set(batch.sequences)
+        return result
+
+    def seq_copy(self, context: Any, src: int, dst: int, p0: int, p1: int) -> None:
+        if self.model_policy.get("copy_per_sequence") == "whole_only" and (p0 >= 0 or p1 >= 0):
+            raise AssertionError("a range copy under whole_only")
+        self.seen["copy into a non-empty sequence"] += src != dst and context.pos_max(dst) >= 0
+        self.seen["range copy"] += p0 >= 0 or p1 >= 0
+        super().seq_copy(context, src, dst, p0, p1)
+
+    def seq_shift(self, context: Any, seq: int, p0: int, p1: int, delta: int) -> None:
+        if self.model_policy.get("negative_shift") == "not_drawn" and 0 <= seq < context.sequences:
+            stream = context.stream(seq)
+            held = context.positions[stream][context.members[stream, :, seq]]
+            if any(p + delta < 0 for p in held if (p0 < 0 or p >= p0) and (p1 < 0 or p < p1)):
+                raise AssertionError("a shift below position 0 under not_drawn")
+        super().seq_shift(context, seq, p0, p1, delta)
+        if 0 <= seq < context.sequences and context.pos_max(seq) >= 0:
+            self.shifted.add(seq)
+            self.seen["shift of held cells"] += 1
+
+    def save_sequence(self, context: Any, seq: int) -> Any:
+        state = super().save_sequence(context, seq)
+        self.saved_from[id(state)] = seq
+        return state
+
+    def load_sequence(self, context: Any, seq: int, state: Any) -> None:
+        super().load_sequence(context, seq, state)
+        self.seen["load into another id"] += self.saved_from.get(id(state), seq) != seq
+
+
+def watched_run(adapter: Watching) -> Counter[str]:
+    Watching.seen = Counter()
+    result = run_machine("model", adapter, property_id="model-coverage",
+                         settings=profiles.settings_for("dev", database=None, derandomize=True))
+    assert result.failure is None, result.failure
+    return Watching.seen
+
+
+@pytest.mark.slow
+def test_programs_reach_every_situation() -> None:
+    seen = watched_run(Watching())
+    for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
+                      "malformed batch on a context holding cells", "full", "batch mixing sequences"):
+        assert seen[situation] >= 3, (situation, dict(seen))
+
+
+@pytest.mark.slow
+def test_programs_stay_within_a_narrow_declaration() -> None:
+    adapter = Watching(contexts=["per_sequence"], copy_per_sequence="whole_only", negative_shift="not_drawn")
+    adapter.model_limits = LIMITS
+    seen = watched_run(adapter)
+    assert seen["range copy"] == 0 and seen["copy into a non-empty sequence"] >= 1, dict(seen)
