@@ -184,7 +184,7 @@ class LlamaCppAdapter:
                               "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
                               "validates_model_batch"})
     # Head widths: even (RoPE), 4 at least; quantized caches store blocks of 32 along a row.
-    model_limits: ClassVar[dict[str, int]] = {"min_head_width": 4, "max_batch": MAX_BATCH}
+    model_limits: ClassVar[dict[str, int]] = {"min_head_width": 4, "max_batch": MAX_BATCH, "min_vocab": 3}
 
     def __init__(self, engine: LlamaCppConfig | None = None) -> None:
         self.engine = engine or LlamaCppConfig()

@@ -39,8 +39,9 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     window = None
     if Capability.SLIDING_WINDOW.value in capabilities and draw(st.booleans(), label="windowed"):
         window = draw(st.integers(1, 4), label="window")
+    fewest = max(2, limits.min_vocab or 2)
     return ModelConfig(
-        vocab=draw(st.integers(2, _bounded(12, limits.max_vocab)), label="vocab"),
+        vocab=draw(st.integers(fewest, max(fewest, _bounded(12, limits.max_vocab))), label="vocab"),
         model_width=draw(st.integers(2, _bounded(8, limits.max_model_width)), label="model width"),
         layers=draw(st.integers(1, _bounded(2, limits.max_layers)), label="layers"),
         heads=kv_heads * group, kv_heads=kv_heads, head_width=head_width,

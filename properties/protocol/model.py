@@ -130,6 +130,7 @@ class ModelLimits:
     draws only within them. Every field is optional (None: the suite's own ranges)."""
 
     max_vocab: int | None = None
+    min_vocab: int | None = None  # llama.cpp's SPM vocabulary needs its unknown, begin and end tokens: 3
     max_model_width: int | None = None
     max_layers: int | None = None
     max_heads: int | None = None
@@ -155,7 +156,10 @@ class ModelLimits:
         for name, value in given.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelPolicyError(f"model_limits[{name!r}] must be an int >= 1, got {value!r}")
-        return cls(**given)
+        limits = cls(**given)
+        if limits.min_vocab is not None and limits.max_vocab is not None and limits.min_vocab > limits.max_vocab:
+            raise ModelPolicyError(f"model_limits: min_vocab {limits.min_vocab} > max_vocab {limits.max_vocab}")
+        return limits
 
     def model_problem(self, config: ModelConfig) -> str | None:
         """Why a model of this configuration is outside the limits (None: inside)."""
@@ -166,6 +170,8 @@ class ModelLimits:
             limit = getattr(self, name)
             if limit is not None and value > limit:
                 return f"{name.removeprefix('max_').replace('_', ' ')} {value} > {name} {limit}"
+        if self.min_vocab is not None and config.vocab < self.min_vocab:
+            return f"vocab {config.vocab} < min_vocab {self.min_vocab}"
         if self.min_head_width is not None and config.head_width < self.min_head_width:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
