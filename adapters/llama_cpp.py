@@ -334,3 +334,19 @@ def make_per_sequence_adapter() -> LlamaCppAdapter:
 def make_isolated_adapter() -> Isolated:
     """``make_adapter`` in a child process: an engine abort is a "crash" verdict, not the end of the run."""
     return isolated("adapters.llama_cpp:make_adapter")
+
+
+def make_isolated_f16_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_f16_adapter")
+
+
+def make_isolated_flash_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_flash_adapter")
+
+
+def make_isolated_unified_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_unified_adapter")
+
+
+def make_isolated_per_sequence_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_per_sequence_adapter")
