@@ -191,6 +191,8 @@ class LlamaCppAdapter:
         self.name = (f"llama-cpp-python[{self.engine.cache_type}{',flash' if self.engine.flash_attn else ''}"
                      f"{'' if len(self.engine.contexts) == 2 else ',' + self.engine.contexts[0]}]")
         self.kv_storage = KV_STORAGE_OF.get(self.engine.cache_type)  # None: q8_0, q4_0 (not yet declarable)
+        if self.engine.flash_attn and self.kv_storage == "float32":  # its CPU kernel reads K and V as f16
+            self.kv_storage = "float16"
         self.model_policy = {"contexts": list(self.engine.contexts), "shared_copies": True,
                              "copy_unified": "merge", "copy_per_sequence": "whole_only",
                              "negative_shift": "removed"}

@@ -1,10 +1,12 @@
-"""llama.cpp (llama-cpp-python 0.3.36): a sequence operation on a sequence id >= n_seq_max aborts the process.
+"""llama.cpp (llama-cpp-python 0.3.36): a sequence operation on caller input it cannot serve kills the process.
 
-llama.h documents no range and no error for llama_memory_seq_keep's (or seq_add's, seq_div's) sequence id; given
-id n_seq_max, llama.cpp fails a GGML_ASSERT (seq_to_stream's bounds) and calls abort(): the caller's process dies,
-where a refusal (the functions return void; seq_rm returns bool) or an ignored call was possible.
+- llama.h documents no range and no error for llama_memory_seq_keep's (or seq_add's, seq_div's) sequence id;
+  given id n_seq_max, llama.cpp fails a GGML_ASSERT (seq_to_stream's bounds) and calls abort().
+- llama_memory_seq_div's d must be > 1 (llama.h); given d = 0, it divides by zero: SIGFPE.
+The caller's process dies, where a refusal (the functions return void; seq_rm returns bool) or an ignored call was
+possible.
 
-    python docs/llama-cpp/repro_seq_id_abort.py      # exit 1: the bug (the child died of SIGABRT); 0: fixed
+    python docs/llama-cpp/repro_seq_id_abort.py      # exit 1: the bug (a child died of a signal); 0: fixed
 Needs llama-cpp-python==0.3.36, gguf==0.19.0 and numpy only (a random-weight model is written, nothing downloaded).
 """
 
@@ -64,16 +66,26 @@ def context(unified):
     return L.llama_init_from_model(model, p)
 
 
+CASES = {"seq_keep(2) with n_seq_max 2": lambda memory: L.llama_memory_seq_keep(memory, 2),
+         "seq_div(0, -1, -1, d=0)": lambda memory: L.llama_memory_seq_div(memory, 0, -1, -1, 0)}
 if os.environ.get("REPRO_CHILD"):
     ctx = context(False)
-    L.llama_memory_seq_keep(L.llama_get_memory(ctx), 2)  # n_seq_max is 2: ids 0 and 1
-    print("seq_keep(2) returned")
+    b = L.llama_batch_init(4, 0, 1)  # sequence 0 holds 4 cells: seq_div divides each one's position
+    b.n_tokens = 4
+    for i in range(4):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = 3 + i, i, 1, 1
+        b.seq_id[i][0] = 0
+    assert L.llama_decode(ctx, b) == 0
+    CASES[os.environ["REPRO_CHILD"]](L.llama_get_memory(ctx))
     sys.exit(0)
-child = subprocess.run([sys.executable, __file__], env={**os.environ, "REPRO_CHILD": "1"}, capture_output=True,
-                       text=True)
-print(f"seq_keep(2) with n_seq_max 2: the child exited with {child.returncode}")
-assert_line = next((line for line in child.stderr.splitlines() if "GGML_ASSERT" in line), "")
-if child.returncode < 0:
-    print(f"BUG: the process died (signal {-child.returncode}): {assert_line.strip()}")
+died = 0
+for case in CASES:
+    child = subprocess.run([sys.executable, __file__], env={**os.environ, "REPRO_CHILD": case}, capture_output=True,
+                           text=True)
+    assert_line = next((line for line in child.stderr.splitlines() if "GGML_ASSERT" in line), "")
+    print(f"{case}: the child exited with {child.returncode}" + (f" ({assert_line.strip()})" if assert_line else ""))
+    died += child.returncode < 0
+if died:
+    print(f"BUG: {died} of {len(CASES)} calls killed the process")
     sys.exit(1)
-print("ok: an unknown sequence id does not kill the process")
+print("ok: no such call kills the process")
