@@ -1,11 +1,12 @@
 """Hard cases on purpose, not by chance (issue 23, item 3): under the reference's full declaration and the default
 profile (random seeds), every run of each machine reaches them, because a rule constructs each one.
 
-- every malformed-input and over-capacity rule of the layer machines meets an empty cache and a cache holding rows;
+- every malformed-input and over-capacity rule of the layer machines and the session meets an empty cache (session)
+  and one holding rows (tokens); a stale cache holding rows is cut, then refuses a row;
 - under a hit limit that drops the last hit, the paged request-key and duplicate rules reach hits that survive it,
   and a keyed prompt is added past a block an append filled;
 - valid selections other than the leading rows are made on caches holding rows;
-- each rule keeps at least its floor (``FLOORS``) of a run's steps with everything declared.
+- each rule keeps at least its floor (``FLOORS``) of a derandomised run's examples with everything declared.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kvcache_conformance.machines.layer import LayerCacheMachine
 from kvcache_conformance.machines.operations import CacheOperationsMachine
 from kvcache_conformance.machines.paged import PagedCacheMachine
 from kvcache_conformance.machines.paged_rules import chain_keys, hit_candidates, shortest_prompt_with_hit
+from kvcache_conformance.machines.session import SessionMachine
+from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.protocol.paged import HIT_LIMITS, PagedPolicy
 from kvcache_conformance.run import profiles
 
@@ -43,53 +46,10 @@ CHUNKED = {
                             "append_chunk_past_the_room_of_a_cache_holding_rows"),
 }
 FULL = "append_row_to_a_full_cache"
+STALE_CUT = "truncate_a_stale_cache_then_append"
 
-# The floor of each rule's share of a run's examples (the examples it ran in, of all), with everything the reference
-# declares, so that a capability declared or a rule added cannot thin an older rule out unseen. Measured with the
-# dev profile (100 examples, random seeds): a third of the lowest of three runs. 0.0: drawn only where the drawn
-# weights allow (isolated and output overflows), under a declaration the full one lacks (a frozen scale), in the
-# windowed run (truncate_after_the_window_evicts), or after a stale sequence is left live; nothing to promise.
 FLOOR_EXAMPLES = 100
-FLOORS: dict[str, dict[str, float]] = {
-    "layer_cache": {
-        "append_first_row_overflowing_the_output": 0.0, "append_into_cache_of_other_geometry": 0.09,
-        "append_malformed_row": 0.1, "append_malformed_row_to_a_cache_holding_rows": 0.07,
-        "append_malformed_row_to_an_empty_cache": 0.11, "append_non_finite_row": 0.09,
-        "append_non_finite_row_to_a_cache_holding_rows": 0.14, "append_non_finite_row_to_an_empty_cache": 0.07,
-        "append_overflowing_row": 0.09, "append_peaked_row": 0.05, "append_row_overflowing_a_score": 0.13,
-        "append_row_overflowing_one_projection": 0.0, "append_row_to_a_full_cache": 0.11, "append_rows": 0.08,
-        "append_through_recreated_layer": 0.07, "append_under_other_rope": 0.06,
-        "append_zero_first_row_then_a_row": 0.0, "replace_cache": 0.05, "reset": 0.11,
-        "update_weights_in_place": 0.08,
-    },
-    "cache_operations": {
-        "append_chunk": 0.13, "append_chunk_past_the_capacity_of_an_empty_cache": 0.07,
-        "append_chunk_past_the_room_of_a_cache_holding_rows": 0.08, "append_first_row_overflowing_the_output": 0.0,
-        "append_into_cache_of_other_geometry": 0.07, "append_malformed_chunk": 0.04,
-        "append_malformed_chunk_to_a_cache_holding_rows": 0.1, "append_malformed_chunk_to_an_empty_cache": 0.07,
-        "append_malformed_row": 0.1, "append_malformed_row_to_a_cache_holding_rows": 0.09,
-        "append_malformed_row_to_an_empty_cache": 0.07, "append_non_finite_chunk": 0.08,
-        "append_non_finite_chunk_to_a_cache_holding_rows": 0.04, "append_non_finite_chunk_to_an_empty_cache": 0.07,
-        "append_non_finite_row": 0.08, "append_non_finite_row_to_a_cache_holding_rows": 0.1,
-        "append_non_finite_row_to_an_empty_cache": 0.08, "append_overflowing_row": 0.05, "append_peaked_row": 0.04,
-        "append_row_overflowing_a_score": 0.07, "append_row_overflowing_one_projection": 0.0,
-        "append_row_to_a_full_cache": 0.06, "append_rows": 0.04, "append_through_recreated_layer": 0.1,
-        "append_under_other_rope": 0.03, "append_zero_first_row_then_a_row": 0.0, "fork": 0.09,
-        "fork_then_overwrite": 0.02, "reorder": 0.05, "repeat_interleave": 0.1, "replace_cache": 0.02, "reset": 0.13,
-        "select": 0.07, "select_rows_other_than_the_first": 0.02, "switch_cache": 0.02, "truncate": 0.1,
-        "truncate_after_the_window_evicts": 0.0, "update_weights_in_place": 0.05,
-    },
-    "paged": {
-        "add": 0.17, "add_a_duplicate_then_evict_a_copy": 0.04, "add_invalid_tokens": 0.08,
-        "add_invalid_tokens_where_room_needs_eviction": 0.02, "add_keyed_past_a_block_an_append_filled": 0.04,
-        "add_one_value_under_each_request_key": 0.12, "add_one_value_under_each_request_key_past_the_hit_limit": 0.07,
-        "add_twice_in_other_scopes": 0.09, "append": 0.02, "append_to_a_stale_sequence": 0.0,
-        "exhaust_the_pool": 0.09, "fork": 0.07, "fork_and_append_to_both": 0.01, "free": 0.03,
-        "free_everything": 0.09, "truncate": 0.04, "truncate_inside_a_shared_block_then_append": 0.02,
-        "truncate_into_a_shared_block_then_append": 0.04, "truncate_to_an_invalid_length": 0.03,
-        "update_weights_in_place": 0.12,
-    },
-}
+FLOORS: dict[str, dict[str, float]] = {}  # MEASURE
 
 
 def dev(examples: int = EXAMPLES) -> Any:
@@ -118,7 +78,8 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
             super().__init__(adapter, **parameters)
 
         def call(self, what: str, action: Any, **details: Any) -> Judged:
-            situation = {"held": len(self.model.rows), "full": self.full} if hasattr(self, "model") else {}
+            situation = ({"held": len(self.model.rows), "full": self.full} if hasattr(self, "model")
+                         else {"held": len(self.tokens)} if hasattr(self, "tokens") else {})
             situation.update(reused=details.get("reused", 0), due=details.get("due"))
             Seen.calls.append((self.tape.steps[-1].rule if self.tape.steps else "", what, situation))
             return super().call(what, action, **details)  # type: ignore[no-any-return]
@@ -131,9 +92,10 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
     return Watching
 
 
-def rejected(rule: str) -> list[dict[str, Any]]:
-    """The situations of the judged appends a rule made that were due to be rejected."""
-    return [s for r, what, s in Seen.calls if r == rule and what.startswith("append") and s["due"] is not None
+def rejected(rule: str, steps: tuple[str, ...] = ("append",)) -> list[dict[str, Any]]:
+    """The situations of the judged ``steps`` (appends; a session's prefills and decodes) a rule made that were due
+    to be rejected."""
+    return [s for r, what, s in Seen.calls if r == rule and what.startswith(steps) and s["due"] is not None
             and s["due"].kind is not None]
 
 
@@ -154,6 +116,27 @@ def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, mach
         assert len(on_held) >= 3 and all(s["held"] > 0 for s in on_held), (case, len(on_held))
     full = rejected(FULL)
     assert len(full) >= 3 and all(s["full"] and s["held"] > 0 for s in full), len(full)
+    if machine is CacheOperationsMachine:  # a cut of a stale cache holding rows, then a row it must refuse
+        cut = [s for s in rejected(STALE_CUT) if s["due"].kind == ErrorKind.REVISION_MISMATCH]
+        assert len(cut) >= 3, len(cut)
+
+
+SESSION_RULES = {
+    "invalid tokens": ("step_with_invalid_tokens_into_an_empty_session",
+                       "step_with_invalid_tokens_into_a_session_holding_tokens"),
+    "past the room": ("prefill_past_the_capacity_of_an_empty_session",
+                      "prefill_past_the_room_of_a_session_holding_tokens"),
+}
+
+
+@pytest.mark.slow
+def test_every_rejected_step_of_a_session_meets_an_empty_session_and_tokens_held() -> None:
+    Seen.clear()
+    run_state_machine_as_test(watched(SessionMachine, make_full_declaration_adapter()), settings=dev())
+    for case, (empty, held) in SESSION_RULES.items():
+        on_empty, on_held = rejected(empty, ("prefill", "decode")), rejected(held, ("prefill", "decode"))
+        assert len(on_empty) >= 3 and all(s["held"] == 0 for s in on_empty), (case, len(on_empty))
+        assert len(on_held) >= 3 and all(s["held"] > 0 for s in on_held), (case, len(on_held))
 
 
 @pytest.mark.slow
@@ -184,26 +167,34 @@ def test_paged_hits_survive_the_hit_limit_and_reach_blocks_an_append_filled() ->
     assert hits("add_a_duplicate_then_evict_a_copy") >= 3
 
 
-def shares(machine: type, adapter: Any, examples: int = EXAMPLES) -> dict[str, float]:
-    """Each rule's share of a run's examples: the examples it ran in, of all (with shrinking: none fails)."""
+# Each machine run the floors are stated for: the window run draws rules the full one does not, and skips others.
+RUNS: dict[str, tuple[type, dict[str, Any]]] = {
+    "layer_cache": (LayerCacheMachine, {}), "cache_operations": (CacheOperationsMachine, {}),
+    "cache_operations[window]": (CacheOperationsMachine, {"windowed": True}), "paged": (PagedCacheMachine, {}),
+    "session": (SessionMachine, {})}
+
+
+def shares(run: str, adapter: Any, examples: int = FLOOR_EXAMPLES) -> dict[str, float]:
+    """Each rule's share of a derandomised run's examples: the examples it ran in, of all (none fails: no
+    shrinking). Derandomised, a run draws the same programs every time, so a floor is a promise, not a chance."""
+    machine, parameters = RUNS[run]
     Seen.clear()
-    run_state_machine_as_test(watched(machine, adapter), settings=dev(examples))
+    run_state_machine_as_test(watched(machine, adapter, **parameters),
+                              settings=profiles.settings_for("dev", database=None, max_examples=examples,
+                                                             derandomize=True))
     return {rule: count / Seen.runs[0] for rule, count in Seen.examples.items()}
 
 
-MACHINES = {"layer_cache": LayerCacheMachine, "cache_operations": CacheOperationsMachine,
-            "paged": PagedCacheMachine}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FLOORS))
-def test_rule_shares_keep_their_floors(name: str) -> None:
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_rule_shares_keep_their_floors(run: str) -> None:
     """With everything declared, every rule keeps its floor of the examples."""
-    found = shares(MACHINES[name], make_full_declaration_adapter(), FLOOR_EXAMPLES)
-    low = {rule: round(found.get(rule, 0.0), 3) for rule, floor in FLOORS[name].items() if found.get(rule, 0.0) < floor}
+    found = shares(run, make_full_declaration_adapter())
+    low = {rule: round(found.get(rule, 0.0), 3) for rule, floor in FLOORS[run].items() if found.get(rule, 0.0) < floor}
     assert not low, low
-    rules = {rule for rule, spec in MACHINES[name].specs().items() if spec.kind == "rule"}
-    assert set(FLOORS[name]) == rules, ("every rule has its floor", rules ^ set(FLOORS[name]))
+    machine, _ = RUNS[run]
+    rules = {rule for rule, spec in machine.specs().items() if spec.kind == "rule"}
+    assert set(FLOORS[run]) == rules, ("every rule has its floor", rules ^ set(FLOORS[run]))
 
 
 @settings(max_examples=60, database=None, deadline=None)

@@ -497,6 +497,10 @@ class LayerSteps(ConformanceMachine):
     def update_weights_in_place(self, data: Draws) -> None:
         """An optimiser-like write into the same parameters (possibly of identical values): every live cache of
         the layer is stale (rejected with REVISION_MISMATCH where binding_checks is claimed)."""
+        self.write_weights_in_place(data)
+
+    def write_weights_in_place(self, data: Draws) -> None:
+        """The body of ``update_weights_in_place``, for a rule that needs a stale cache as one of its steps."""
         new = data.draw(g.weight_updates(self.weights), label="new weights")
         handed = Inputs()
         given = handed("weights", new)

@@ -162,6 +162,21 @@ class CacheOperationsMachine(LayerSteps):
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows) - 2), label="n"))
 
+    @rule(requires=[Capability.TRUNCATE], data=st.data())
+    def truncate_a_stale_cache_then_append(self, data: Draws) -> None:
+        """Rows held (one or two appended first if none are), the weights updated in place, a cut, then a row:
+        REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache bound to the parameters its rows
+        were computed with; a cache that binds itself anew when cut takes a stale cache back."""
+        self.hold_rows(data)
+        self.write_weights_in_place(data)
+        self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        due = self._due()  # not stale if the cut was refused or accepted unclaimed: the cache was replaced
+        if due.kind is None:
+            self._append_and_check(x, "append a row to a cache, cut")
+        else:
+            self._step(x, due, f"append a row to a {'stale' if self.model.stale else 'full'} cache, cut")
+
     def _truncate(self, n: object) -> None:
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
         problem = g.length_problem(n, len(self.model.rows))  # of this state: a replayed n may land elsewhere
