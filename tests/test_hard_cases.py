@@ -49,7 +49,81 @@ FULL = "append_row_to_a_full_cache"
 STALE_CUT = "truncate_a_stale_cache_then_append"
 
 FLOOR_EXAMPLES = 100
-FLOORS: dict[str, dict[str, float]] = {}  # MEASURE
+# The floor of each rule's share of a run's examples (the examples it ran in, of all), with everything the reference
+# declares, so that a capability declared or a rule added cannot thin an older rule out unseen: a quarter of its share
+# in one derandomised dev run of 100 examples (derandomised runs drew different programs outside and inside pytest:
+# the margin is for that).
+# Rebalancing a machine's rules moves these shares; a rule that falls under its floor is thinned out, not unlucky.
+# 0.0: not drawn there under the full declaration -- a frozen scale (append_zero_first_row_then_a_row), weights whose
+# output overflows on an empty cache (append_first_row_overflowing_the_output), the window run's own rule in the full
+# run, and in the window run the rules it leaves to the full runs (layer_steps.NOT_IN_WINDOWED_RUNS).
+FLOORS: dict[str, dict[str, float]] = {
+    "layer_cache": {
+        "append_first_row_overflowing_the_output": 0.0, "append_into_cache_of_other_geometry": 0.12,
+        "append_malformed_row": 0.09, "append_malformed_row_to_a_cache_holding_rows": 0.13,
+        "append_malformed_row_to_an_empty_cache": 0.14, "append_non_finite_row": 0.13,
+        "append_non_finite_row_to_a_cache_holding_rows": 0.08, "append_non_finite_row_to_an_empty_cache": 0.12,
+        "append_overflowing_row": 0.09, "append_peaked_row": 0.08, "append_row_overflowing_a_score": 0.08,
+        "append_row_overflowing_one_projection": 0.02, "append_row_to_a_full_cache": 0.07, "append_rows": 0.11,
+        "append_through_recreated_layer": 0.08, "append_under_other_rope": 0.04,
+        "append_zero_first_row_then_a_row": 0.0, "replace_cache": 0.05, "reset": 0.12,
+        "update_weights_in_place": 0.09,
+    },
+    "cache_operations": {
+        "append_chunk": 0.09, "append_chunk_past_the_capacity_of_an_empty_cache": 0.07,
+        "append_chunk_past_the_room_of_a_cache_holding_rows": 0.04, "append_first_row_overflowing_the_output": 0.0,
+        "append_into_cache_of_other_geometry": 0.08, "append_malformed_chunk": 0.08,
+        "append_malformed_chunk_to_a_cache_holding_rows": 0.07, "append_malformed_chunk_to_an_empty_cache": 0.10,
+        "append_malformed_row": 0.13, "append_malformed_row_to_a_cache_holding_rows": 0.08,
+        "append_malformed_row_to_an_empty_cache": 0.07, "append_non_finite_chunk": 0.14,
+        "append_non_finite_chunk_to_a_cache_holding_rows": 0.03, "append_non_finite_chunk_to_an_empty_cache": 0.06,
+        "append_non_finite_row": 0.06, "append_non_finite_row_to_a_cache_holding_rows": 0.08,
+        "append_non_finite_row_to_an_empty_cache": 0.10, "append_overflowing_row": 0.10, "append_peaked_row": 0.05,
+        "append_row_overflowing_a_score": 0.10, "append_row_overflowing_one_projection": 0.01,
+        "append_row_to_a_full_cache": 0.07, "append_rows": 0.07, "append_through_recreated_layer": 0.08,
+        "append_under_other_rope": 0.04, "append_zero_first_row_then_a_row": 0.0, "fork": 0.05,
+        "fork_then_overwrite": 0.04, "reorder": 0.07, "repeat_interleave": 0.08, "replace_cache": 0.03, "reset": 0.16,
+        "select": 0.14, "select_rows_other_than_the_first": 0.05, "switch_cache": 0.02, "truncate": 0.12,
+        "truncate_a_stale_cache_then_append": 0.08, "truncate_after_the_window_evicts": 0.0,
+        "update_weights_in_place": 0.08,
+    },
+    "cache_operations[window]": {
+        "append_chunk": 0.05, "append_chunk_past_the_capacity_of_an_empty_cache": 0.06,
+        "append_chunk_past_the_room_of_a_cache_holding_rows": 0.10, "append_first_row_overflowing_the_output": 0.0,
+        "append_into_cache_of_other_geometry": 0.0, "append_malformed_chunk": 0.07,
+        "append_malformed_chunk_to_a_cache_holding_rows": 0.08, "append_malformed_chunk_to_an_empty_cache": 0.09,
+        "append_malformed_row": 0.05, "append_malformed_row_to_a_cache_holding_rows": 0.11,
+        "append_malformed_row_to_an_empty_cache": 0.07, "append_non_finite_chunk": 0.07,
+        "append_non_finite_chunk_to_a_cache_holding_rows": 0.09, "append_non_finite_chunk_to_an_empty_cache": 0.06,
+        "append_non_finite_row": 0.10, "append_non_finite_row_to_a_cache_holding_rows": 0.10,
+        "append_non_finite_row_to_an_empty_cache": 0.08, "append_overflowing_row": 0.0, "append_peaked_row": 0.0,
+        "append_row_overflowing_a_score": 0.0, "append_row_overflowing_one_projection": 0.0,
+        "append_row_to_a_full_cache": 0.05, "append_rows": 0.04, "append_through_recreated_layer": 0.0,
+        "append_under_other_rope": 0.0, "append_zero_first_row_then_a_row": 0.0, "fork": 0.05,
+        "fork_then_overwrite": 0.06, "reorder": 0.05, "repeat_interleave": 0.07, "replace_cache": 0.02, "reset": 0.12,
+        "select": 0.13, "select_rows_other_than_the_first": 0.01, "switch_cache": 0.04, "truncate": 0.09,
+        "truncate_a_stale_cache_then_append": 0.09, "truncate_after_the_window_evicts": 0.06,
+        "update_weights_in_place": 0.0,
+    },
+    "paged": {
+        "add": 0.16, "add_a_duplicate_then_evict_a_copy": 0.04, "add_invalid_tokens": 0.09,
+        "add_invalid_tokens_where_room_needs_eviction": 0.05, "add_keyed_past_a_block_an_append_filled": 0.06,
+        "add_one_value_under_each_request_key": 0.10, "add_one_value_under_each_request_key_past_the_hit_limit": 0.04,
+        "add_twice_in_other_scopes": 0.08, "append": 0.01, "append_to_a_stale_sequence": 0.03,
+        "exhaust_the_pool": 0.13, "fork": 0.04, "fork_and_append_to_both": 0.05, "free": 0.06,
+        "free_everything": 0.09, "truncate": 0.05, "truncate_inside_a_shared_block_then_append": 0.01,
+        "truncate_into_a_shared_block_then_append": 0.03, "truncate_to_an_invalid_length": 0.03,
+        "update_weights_in_place": 0.15,
+    },
+    "session": {
+        "decode": 0.11, "prefill": 0.09, "prefill_past_the_capacity_of_an_empty_session": 0.11,
+        "prefill_past_the_room_of_a_session_holding_tokens": 0.11, "replace_session": 0.12, "reset": 0.12,
+        "revision_checked_before_capacity": 0.07, "step_with_invalid_tokens": 0.09,
+        "step_with_invalid_tokens_into_a_session_holding_tokens": 0.12,
+        "step_with_invalid_tokens_into_an_empty_session": 0.11, "tokens_checked_before_capacity": 0.11,
+        "tokens_checked_before_revision": 0.05, "update_one_block_in_place": 0.09,
+    },
+}
 
 
 def dev(examples: int = EXAMPLES) -> Any:
@@ -116,7 +190,7 @@ def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, mach
         assert len(on_held) >= 3 and all(s["held"] > 0 for s in on_held), (case, len(on_held))
     full = rejected(FULL)
     assert len(full) >= 3 and all(s["full"] and s["held"] > 0 for s in full), len(full)
-    if machine is CacheOperationsMachine:  # a cut of a stale cache holding rows, then a row it must refuse
+    if machine is CacheOperationsMachine and not parameters:  # a stale cache holding rows cut, then a row refused
         cut = [s for s in rejected(STALE_CUT) if s["due"].kind == ErrorKind.REVISION_MISMATCH]
         assert len(cut) >= 3, len(cut)
 
@@ -147,7 +221,7 @@ def test_non_prefix_selections_are_made_on_caches_holding_rows() -> None:
             and what.startswith("select")]
     assert len(made) >= 5 and all(s["held"] > 0 for _, s in made), len(made)
     kept = {what.rsplit("rows ", 1)[1] for what, _ in made}
-    assert "[0]" not in kept and "[0, 1]" not in kept and len(kept) >= 2, kept  # never the leading rows
+    assert "[0]" not in kept and "[0, 1]" not in kept, kept  # never the leading rows
 
 
 @pytest.mark.slow
