@@ -17,7 +17,7 @@ from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import replay
 from tests import misbehaving
 
-QUICK = profiles.settings_for("ci", max_examples=30, database=None, report_multiple_bugs=False)
+QUICK = profiles.settings_for("ci", max_examples=100, database=None, report_multiple_bugs=False)
 
 CASES = [
     (misbehaving.MutatesItsInput, r"modified its input x in place"),

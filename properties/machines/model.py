@@ -30,7 +30,7 @@ from ..oracle import FLOAT64, ModelBatch, NumberSystem, random_model_weights
 from ..oracle.model import CellContext, Model, ModelRefusal, kv_storage_of
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.model import ModelLimits, ModelPolicy
-from ..traces.recording import Draws, initialize, invariant, rule
+from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
 from .base import ConformanceMachine
 
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
@@ -64,6 +64,13 @@ class ModelMachine(ConformanceMachine):
         self.config = data.draw(g.model_configs(self.capabilities, self.model_limits), label="model")
         self.weights = random_model_weights(self.config, data.draw(st.integers(0, 2**32 - 1), label="seed"))
         self.context_config = data.draw(g.context_configs(self.policy, self.model_limits), label="context")
+        kind = "unified" if self.context_config.unified else "per_sequence"
+        outside = self.model_limits.model_problem(self.config) or self.model_limits.context_problem(
+            self.context_config) or (None if kind in self.policy.contexts else
+                                     f"a {kind} context, but model_policy contexts are {sorted(self.policy.contexts)}")
+        if outside is not None:  # only a replayed trace gives one: live draws stay within the declarations
+            raise NotApplicable(f"the recorded model and context are outside what {self.adapter.name} declares: "
+                                f"{outside}")
         handed = Inputs()
         given = handed("weights", self.weights)
         self.model = self.must("create the model", lambda: self.adapter.create_model(self.config, given), handed)
@@ -343,6 +350,8 @@ class ModelMachine(ConformanceMachine):
         offered = [name for name, capability in (("remove", Capability.SEQ_REMOVE), ("keep", Capability.SEQ_KEEP),
                                                  ("shift", Capability.SEQ_SHIFT)) if self.has(capability)]
         change = data.draw(st.sampled_from([*offered, "decode"]), label="change")
+        if change not in (*offered, "decode"):  # only a replayed trace gives one: the live draw is of what is offered
+            raise NotApplicable(f"the recorded change is a {change}, which {self.adapter.name} does not declare")
         if change == "remove":
             self._remove(data, seq)
         elif change == "keep":
