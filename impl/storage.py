@@ -103,7 +103,8 @@ class StorageRule:
     def _round_groups_to_levels(self, rows: np.ndarray) -> np.ndarray:
         """Affine rounding with an integer zero point: each group's range widened to hold 0, so that 0 is a level."""
         levels = _UNSIGNED[self.format]
-        grouped = np.reshape(rows, (*rows.shape[:-1], -1, self.group))  # [B, KV, T, groups, group]
+        # [B, KV, T, groups, group], by the count of groups: -1 cannot be inferred when no rows are held
+        grouped = np.reshape(rows, (*rows.shape[:-1], rows.shape[-1] // self.group, self.group))
         low = np.minimum(grouped.min(axis=-1, keepdims=True, initial=np.inf), 0.0)
         high = np.maximum(grouped.max(axis=-1, keepdims=True, initial=-np.inf), 0.0)
         step = np.maximum((high - low) / levels, self.min_step)

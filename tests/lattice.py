@@ -483,7 +483,7 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "storage-uint4-zero-point-undeclared": (
         lambda: Declared("twin-zero-point-undeclared", QuantizedReferenceAdapter.capabilities,
                          _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4).storage),
-        "layer_cache", {}, ""),
+        "cache_operations", {}, ""),
     # the buffer without a full check claiming one: what it raises past the end (IndexError, or RoPE's error where
     # the capacity is the RoPE range) is not full
     "unchecked-capacity-claims-fixed-capacity": (
