@@ -24,13 +24,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
-_FLOATS: dict[str, type[np.generic]] = {
-    "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
+_FLOATS = ("float16", "bfloat16", "float8_e4m3fn")
 _INTEGERS = {"int8": 127, "int4": 7}
 _UNSIGNED = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}
+
+
+def _float_type(name: str) -> type[np.generic]:
+    # ml_dtypes is imported only where a format needs it: its 0.7 release takes 2 s to import, which every
+    # process of the suite (an isolated engine restarted after each crash, the lattice's subprocesses) paid.
+    import ml_dtypes
+
+    types: dict[str, type[np.generic]] = {
+        "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
+    return types[name]
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,9 @@ class StorageRule:
     def largest(self) -> float:
         if self.format in _INTEGERS:
             return float(_INTEGERS[self.format])
-        return float(ml_dtypes.finfo(_FLOATS[self.format]).max)  # type: ignore[no-untyped-call]
+        import ml_dtypes  # (see _float_type)
+
+        return float(ml_dtypes.finfo(_float_type(self.format)).max)  # type: ignore[no-untyped-call]
 
     def scale_for(self, rows: np.ndarray) -> np.ndarray:
         """``amax / largest`` of rows ``[B, KV, T, dh]``, shaped to broadcast (1 where all are zero); for
@@ -88,7 +98,7 @@ class StorageRule:
         scaled = np.clip(rows / scale, -self.largest, self.largest)
         if self.format in _INTEGERS:
             return np.rint(scaled) * scale  # type: ignore[no-any-return]
-        return scaled.astype(_FLOATS[self.format]).astype(np.float64) * scale  # type: ignore[no-any-return]
+        return scaled.astype(_float_type(self.format)).astype(np.float64) * scale  # type: ignore[no-any-return]
 
     def _round_groups(self, rows: np.ndarray) -> np.ndarray:
         """Affine rounding, each group of ``group`` consecutive features of each token on its own."""

@@ -34,8 +34,8 @@ rounding is written once here, in float64 numpy, from the definitions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 FLOAT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn")
@@ -47,7 +47,17 @@ ZERO_POINTS = ("minimum", "level")  # affine groups: the grid starts at the grou
 
 
 def _float_format(name: str) -> type[np.generic]:
+    # ml_dtypes is imported only where a format needs it: its 0.7 release takes 2 s to import, which every
+    # process of the suite paid (an isolated engine restarted after each crash, the lattice's subprocesses).
+    import ml_dtypes
+
     return np.float16 if name == "float16" else getattr(ml_dtypes, name)  # type: ignore[no-any-return]
+
+
+def _finfo(name: str) -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.finfo(_float_format(name))  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ class StorageFormat:
             return float(INTEGER_FORMATS[self.format])
         if self.format in AFFINE_FORMATS:
             return float(AFFINE_FORMATS[self.format])
-        return float(ml_dtypes.finfo(_float_format(self.format)).max)  # type: ignore[no-untyped-call]
+        return float(_finfo(self.format).max)
 
     @property
     def unit(self) -> float:
@@ -107,7 +117,7 @@ class StorageFormat:
             return 1.0 / INTEGER_FORMATS[self.format]
         if self.format in AFFINE_FORMATS:
             return 1.0 / AFFINE_FORMATS[self.format]
-        return float(ml_dtypes.finfo(_float_format(self.format)).eps)  # type: ignore[no-untyped-call]
+        return float(_finfo(self.format).eps)
 
     def scale_of(self, rows: np.ndarray) -> np.ndarray:
         """The scale of rows ``[B, KV, T, dh]``, broadcastable against them (amax / largest)."""
@@ -129,7 +139,7 @@ class StorageFormat:
         if self.format in INTEGER_FORMATS:
             steps: np.ndarray = np.broadcast_to(scale, rows.shape).copy()
             return steps
-        info = ml_dtypes.finfo(_float_format(self.format))  # type: ignore[no-untyped-call]
+        info = _finfo(self.format)
         magnitude = np.maximum(np.abs(np.clip(rows / scale, -self.largest, self.largest)), float(info.smallest_normal))
         spacing: np.ndarray = float(info.eps) * np.exp2(np.floor(np.log2(magnitude))) * scale
         return spacing

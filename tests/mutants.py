@@ -371,8 +371,8 @@ MUTANTS = (
            "a wrapped window shows its key rows in slot order, not oldest first", "window cache"),
     # -- quantized storage (spec §13.6): each through an adapter declaring its storage --
     Mutant("storage_read_back_without_scale", "storage.py",
-           (("return scaled.astype(_FLOATS[self.format]).astype(np.float64) * scale",
-             "return scaled.astype(_FLOATS[self.format]).astype(np.float64)"),),
+           (("return scaled.astype(_float_type(self.format)).astype(np.float64) * scale",
+             "return scaled.astype(_float_type(self.format)).astype(np.float64)"),),
            "fp8 rows are read back without multiplying by their scale", factory="make_fp8_adapter"),
     Mutant("storage_per_channel_scale_taken_per_tensor", "storage.py",
            (("axis=(0, 1, 2, 3) if self.scale == \"per_tensor\" else (0, 2)", "axis=(0, 1, 2, 3)"),),
