@@ -47,6 +47,7 @@ def test_the_wrongly_declared_twin_fails(name: str) -> None:
     adapter = factory()
     result = run_machine(machine, adapter, property_id=f"twin-{name}", parameters=parameters,
                          settings=profiles.settings_for("ci", database=None, report_multiple_bugs=False,
-                                                        max_examples=200))  # twice ci's: a twin's corner is narrow
+                                                        max_examples=200),  # twice ci's: a twin's corner is narrow
+                         shrink_seconds=1.0)  # the kind is the check: the shrunk run is not looked at
     assert isinstance(result.failure, NonConformance), result.failure
     assert result.failure.kind.startswith(kind), result.failure

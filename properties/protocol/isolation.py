@@ -1,7 +1,9 @@
 """Run an adapter's engine in a child process, so that an engine that aborts or segfaults fails one call, not the run.
 
-``isolated(factory)`` is an adapter: it builds the real adapter in a child process (multiprocessing's spawn
-context: a fresh interpreter, no inherited native state) and forwards every method call to it over a pipe.
+``isolated(factory)`` is an adapter: it builds the real adapter in a child process (multiprocessing's
+forkserver context: forked from a clean server that has imported the suite but no engine, so no native state
+is inherited, and a restart after a crash costs a fork, not a new interpreter importing numpy) and forwards
+every method call to it over a pipe.
 What the child returns comes back by value when it is plain data (numbers, strings, arrays, enums, and frozen
 dataclasses, named tuples and containers of those) and otherwise as a ``Remote`` handle the suite passes back
 (layers, caches, contexts); reading a handle's attribute is forwarded too. An exception the engine raises is
@@ -192,8 +194,11 @@ def _load(factory: str | Callable[[], Any]) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
-def _serve(connection: Connection, factory: str | Callable[[], Any], stderr_path: str) -> None:
+def _serve(connection: Connection, factory: str | Callable[[], Any], stderr_path: str,
+           environment: dict[str, str]) -> None:
     """The child's loop: build the adapter, then answer requests until the pipe closes."""
+    os.environ.clear()  # the parent's environment now, as spawn would give it, not the server's at its start
+    os.environ.update(environment)
     with open(stderr_path, "ab", buffering=0) as stderr:  # native code writes to fd 2: point fd 2 at the file
         os.dup2(stderr.fileno(), 2)
     try:
@@ -250,7 +255,10 @@ class Isolated:
         if not callable(factory) and not (isinstance(factory, str) and all(factory.partition(":")[::2])):
             raise ValueError(f"isolated({factory!r}): a factory is a picklable callable or 'module:function'")
         self._factory, self._timeout, self._start_timeout = factory, timeout, start_timeout
-        self._context = multiprocessing.get_context("spawn")
+        self._context = multiprocessing.get_context("forkserver")
+        # The server imports what spawn would import into each child (the main module) and this module (numpy,
+        # the oracle); not the engine, which every child loads itself. Taking effect when the server starts.
+        self._context.set_forkserver_preload(["__main__", __name__])
         self._process: Any = None
         self._connection: Connection | None = None
         self._stderr_path: str | None = None
@@ -277,7 +285,8 @@ class Isolated:
         fd, self._stderr_path = tempfile.mkstemp(prefix="kvcache-engine-", suffix=".stderr")
         os.close(fd)
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child, self._factory, self._stderr_path),
+        self._process = self._context.Process(target=_serve, args=(child, self._factory, self._stderr_path,
+                                                                   dict(os.environ)),
                                               daemon=True, name="kvcache-isolated-engine")
         self._process.start()
         child.close()
