@@ -553,6 +553,53 @@ VARIANTS.update(MODEL_VARIANTS)
 TWINS.update(MODEL_TWINS)
 
 
+# -- what a variant's difference can reach -----------------------------------------------------------------
+# A variant that differs from the reference only in its whole model (the model's declarations and methods) can
+# change no verdict but the whole-model property's, one that differs only in its pool no verdict but the paged
+# property's: those run that property alone (every other one would judge the reference again, at 3 of the
+# lattice's 25 CI minutes). ``differences`` says where a variant differs; test_lattice checks the scope holds it.
+
+MODEL_CAPABILITIES = frozenset({"whole_model", "validates_model_batch", "validates_sequence_ops"} | set(
+    DEPENDS["whole_model"]))
+PAGED_CAPABILITIES = frozenset({"paged_prefix_sharing"})
+AREAS = {  # area: (its capabilities, its declarations, its methods), and the property that judges it
+    "model": (MODEL_CAPABILITIES, {"model_policy", "model_limits"},
+              {m for c in MODEL_CAPABILITIES for m in METHODS_OF.get(c, ())}, "properties/test_whole_model.py"),
+    "paged": (PAGED_CAPABILITIES, {"paged_policy"},
+              {*METHODS_OF["paged_prefix_sharing"], "paged_fork", "paged_truncate"}, "properties/test_paged_cache.py"),
+}
+DECLARATION_NAMES = ("model_policy", "model_limits", "paged_policy", "layer_limits", "dtype", "storage", "kv_storage",
+                     "mixed_precision", "error_kind")
+
+
+def differences(adapter: Any) -> set[str]:
+    """Where ``adapter`` (a lattice variant) differs from the reference: capabilities, declarations and methods
+    it overrides, by name."""
+    reference = ReferenceAdapter()
+    found = set(declared(adapter.capabilities) ^ REFERENCE)
+    found |= {name for name in DECLARATION_NAMES if name != "error_kind" and
+              getattr(adapter, name, None) != getattr(reference, name, None)}
+    inner = getattr(adapter, "_inner", adapter)
+    for cls in type(inner).__mro__:
+        if cls is ReferenceAdapter or not issubclass(cls, ReferenceAdapter):
+            break
+        found |= {name for name, value in vars(cls).items() if callable(value) and not name.startswith("__")}
+    return found
+
+
+def scope(name: str) -> str:
+    """The properties that can tell lattice variant ``name`` from the reference: one file, or all of them."""
+    return scope_of(variant(name))
+
+
+def scope_of(adapter: Any) -> str:
+    found = differences(adapter)
+    for capabilities, declarations, methods, tests in AREAS.values():
+        if found and found <= capabilities | declarations | methods:
+            return tests
+    return "properties"
+
+
 def variant(name: str) -> Any:
     if name not in VARIANTS:
         raise KeyError(f"no lattice variant {name!r}; the variants: {', '.join(sorted(VARIANTS))}")

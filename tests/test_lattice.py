@@ -15,7 +15,7 @@ import pytest
 from kvcache_conformance.judge.failures import NonConformance
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
-from tests.lattice import TWINS, VARIANTS
+from tests.lattice import AREAS, REFERENCE, TWINS, VARIANTS, Declared, ReferenceAdapter, scope, scope_of
 
 pytestmark = pytest.mark.slow  # a subprocess run of the whole suite per variant
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_an_honest_variant_conforms_to_the_whole_suite(name: str, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     process = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "properties",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", scope(name),
          "--kv-impl=tests.lattice:from_environment", "--hypothesis-profile=quick", f"--kv-report={report}",
          f"--kv-traces={tmp_path / 'traces'}"],
         cwd=ROOT, env={**os.environ, "KVCACHE_LATTICE": name}, capture_output=True, text=True, timeout=900)
@@ -39,6 +39,23 @@ def test_an_honest_variant_conforms_to_the_whole_suite(name: str, tmp_path: Path
     for entry in document["properties"]:  # a skip names what is missing, never a crash
         if entry["outcome"] == "skipped":
             assert entry["reason"] and "Error" not in entry["reason"], entry
+
+
+def test_a_variant_runs_alone_only_the_property_of_the_one_area_it_differs_in() -> None:
+    class ContextsElsewhere(ReferenceAdapter):
+        def create_context(self, *args: object) -> object:
+            return super().create_context(*args)
+
+    class StepsElsewhereToo(ContextsElsewhere):
+        def step(self, *args: object) -> object:
+            return super().step(*args)
+
+    model = {**ReferenceAdapter.model_policy, "shared_copies": False}
+    assert scope_of(Declared("model", REFERENCE, ContextsElsewhere(), model_policy=model)) == AREAS["model"][3]
+    assert scope_of(Declared("both", REFERENCE, StepsElsewhereToo(), model_policy=model)) == "properties"
+    assert scope_of(Declared("nothing", REFERENCE)) == "properties"  # no difference found: no area claimed
+    assert scope("policy-fork-none") == AREAS["paged"][3]
+    assert scope("without-validates_batch") == "properties"
 
 
 @pytest.mark.parametrize("name", sorted(TWINS))
