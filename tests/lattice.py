@@ -308,6 +308,16 @@ class NoNegativeShift(ReferenceAdapter):
         super().seq_shift(context, seq, p0, p1, delta)
 
 
+class VocabFromThree(ReferenceAdapter):
+    """Refuses a model of fewer than three tokens (llama.cpp's SPM vocabulary needs its unknown, begin and end
+    tokens)."""
+
+    def create_model(self, config: Any, weights: Any) -> Any:
+        if config.vocab < 3:
+            raise ValueError(f"a vocabulary of {config.vocab} tokens: at least 3 (unknown, begin, end)")
+        return super().create_model(config, weights)
+
+
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
 
 
@@ -330,6 +340,8 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                        model_policy={**ReferenceAdapter.model_policy,
                                                                      "negative_shift": "not_drawn"}),
     "model-float32-kv-float16": lambda: _low_precision("float16"),
+    "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
+                                               model_limits={"min_vocab": 3}),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -342,6 +354,8 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-negative-shift-claims-removed": (lambda: Declared("twin-model-no-negative-shift", REFERENCE,
                                                              NoNegativeShift()), "model", {}, "expected success"),
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
+    "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
+                                          "model", {}, "unexpected exception"),  # a 2-token model refused
 }
 
 
