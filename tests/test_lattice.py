@@ -35,7 +35,8 @@ def test_an_honest_variant_conforms_to_the_whole_suite(name: str, tmp_path: Path
     assert document["complete"] and not document["collection_errors"], process.stdout[-3000:]
     failed = [(e["property"], e["reason"]) for e in document["properties"] if e["outcome"] not in (
         "passed", "skipped")]
-    assert not failed and summary["passed"] > 0, failed
+    # a run of the whole suite passes something; one property alone may skip (the variant lacks its area)
+    assert not failed and (summary["passed"] > 0 or scope(name) != "properties"), failed
     for entry in document["properties"]:  # a skip names what is missing, never a crash
         if entry["outcome"] == "skipped":
             assert entry["reason"] and "Error" not in entry["reason"], entry
