@@ -268,16 +268,72 @@ class LayerSteps(ConformanceMachine):
             self.exercised("malformed row on rows held")
         self._step(bad.value, Due.check(bad.kind), f"append {bad.description}")
 
-    @rule(data=st.data(), when=lambda self: not self.model.rows)
+    @rule(data=st.data())
     def append_malformed_row_to_an_empty_cache(self, data: Draws) -> None:
-        """The same as the first write: a cache that allocates lazily takes its shapes from the first row it
-        sees, and must not keep those of one it rejects (transformers' DynamicLayer kept a wrong rank)."""
+        """The same as the first write (into a fresh cache if this one holds rows): a cache that allocates lazily
+        takes its shapes from the first row it sees, and must not keep those of one it rejects (transformers'
+        DynamicLayer kept a wrong rank)."""
+        self.empty_cache()
+        self._append_malformed(data)
+
+    @rule(data=st.data())
+    def append_malformed_row_to_a_cache_holding_rows(self, data: Draws) -> None:
+        """The same with rows held (one or two appended first if none are): a cache that advances its length or
+        broadcasts a smaller batch before its checks raise shows it only over rows it holds."""
+        self.hold_rows(data)
         self._append_malformed(data)
 
     @rule(data=st.data())
     def append_non_finite_row(self, data: Draws) -> None:
         """A row with one inf or NaN: NON_FINITE where non_finite_rejection is claimed; if it raises, nothing
         changed."""
+        self._append_non_finite(data)
+
+    @rule(data=st.data())
+    def append_non_finite_row_to_an_empty_cache(self, data: Draws) -> None:
+        """The same as the first write, into a fresh cache if this one holds rows (a lazily allocating cache must
+        not keep what a rejected row set up)."""
+        self.empty_cache()
+        self._append_non_finite(data)
+
+    @rule(data=st.data())
+    def append_non_finite_row_to_a_cache_holding_rows(self, data: Draws) -> None:
+        """The same with rows held (one or two appended first if none are): a write before the finiteness check
+        overwrites nothing in an empty cache, but a row held after its length."""
+        self.hold_rows(data)
+        self._append_non_finite(data)
+
+    @rule(data=st.data())
+    def append_row_to_a_full_cache(self, data: Draws) -> None:
+        """Valid rows appended until the cache is full (a fresh cache first if this one is stale or holds a peaked
+        row), then one more: FULL (where claimed), nothing changed -- a cache that advances its length or clamps
+        its index before the room check shows it only when full."""
+        if self.model.stale or self.model.peaked:
+            self._new_cache()
+        while not self.full:
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        self._step(x, self._due(), f"append a row to a full cache of {len(self.model.rows)} rows")
+
+    def empty_cache(self) -> None:
+        """A fresh cache in place of one that holds rows, so that the call after it meets an empty cache for
+        certain (a rule recorded before on an empty cache replays as it was)."""
+        if self.model.rows:
+            self._new_cache()
+
+    def hold_rows(self, data: Draws) -> None:
+        """One or two valid rows appended (within the capacity; into a fresh cache if this one is stale) if the
+        cache holds none, so that the call after it meets rows held for certain, not by luck."""
+        if self.model.rows:
+            return
+        if self.model.stale:
+            self._new_cache()
+        for _ in range(data.draw(st.integers(1, max(1, min(2, self.config.capacity - 1))), label="rows held")):
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
+
+    def _append_non_finite(self, data: Draws) -> None:
         x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
         bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf]), label="value")
         index = data.draw(st.tuples(st.integers(0, x.shape[0] - 1), st.integers(0, x.shape[2] - 1)), label="index")
@@ -462,6 +518,10 @@ class LayerSteps(ConformanceMachine):
     def update_weights_in_place(self, data: Draws) -> None:
         """An optimiser-like write into the same parameters (possibly of identical values): every live cache of
         the layer is stale (rejected with REVISION_MISMATCH where binding_checks is claimed)."""
+        self.write_weights_in_place(data)
+
+    def write_weights_in_place(self, data: Draws) -> None:
+        """The body of ``update_weights_in_place``, for a rule that needs a stale cache as one of its steps."""
         new = data.draw(g.weight_updates(self.weights), label="new weights")
         handed = Inputs()
         given = handed("weights", new)

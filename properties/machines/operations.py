@@ -73,9 +73,18 @@ class CacheOperationsMachine(LayerSteps):
         """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides."""
         self._append_malformed_chunk(data)
 
-    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.rows)
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_malformed_chunk_to_an_empty_cache(self, data: Draws) -> None:
-        """The same as the first write (a lazily allocating cache must not keep a rejected chunk's shapes)."""
+        """The same as the first write, into a fresh cache if this one holds rows (a lazily allocating cache must
+        not keep a rejected chunk's shapes)."""
+        self.empty_cache()
+        self._append_malformed_chunk(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_malformed_chunk_to_a_cache_holding_rows(self, data: Draws) -> None:
+        """The same with rows held (one or two appended first if none are): a write before the checks raise
+        shows only over rows held."""
+        self.hold_rows(data)
         self._append_malformed_chunk(data)
 
     def _append_malformed_chunk(self, data: Draws) -> None:
@@ -86,6 +95,42 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_non_finite_chunk(self, data: Draws) -> None:
         """A chunk with one inf or NaN in any of its rows: none of its rows is written."""
+        self._append_non_finite_chunk(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_non_finite_chunk_to_an_empty_cache(self, data: Draws) -> None:
+        """The same as the first write, into a fresh cache if this one holds rows: none of its rows is written,
+        and nothing it set up is kept."""
+        self.empty_cache()
+        self._append_non_finite_chunk(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_non_finite_chunk_to_a_cache_holding_rows(self, data: Draws) -> None:
+        """The same with rows held (one or two appended first if none are): the rows held stay as they were."""
+        self.hold_rows(data)
+        self._append_non_finite_chunk(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_chunk_past_the_capacity_of_an_empty_cache(self, data: Draws) -> None:
+        """A chunk of C + 1 rows into an empty cache (a fresh one if this one holds rows): FULL (where claimed),
+        none of its rows written."""
+        self.empty_cache()
+        self._append_chunk_past_the_room(data)
+
+    @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
+    def append_chunk_past_the_room_of_a_cache_holding_rows(self, data: Draws) -> None:
+        """Rows held (one or two appended first if none are), then a chunk one row larger than the room left:
+        FULL, and the rows held stay -- a cache that writes what fits before its room check shows it only here."""
+        self.hold_rows(data)
+        self._append_chunk_past_the_room(data)
+
+    def _append_chunk_past_the_room(self, data: Draws) -> None:
+        tokens = max(1, self.config.capacity - len(self.model.rows) + 1)
+        x = data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width), label="chunk")
+        self._step(x, self._due(tokens=tokens), f"append a chunk of {tokens} at position {len(self.model.rows)} "
+                   f"of a cache of capacity {self.config.capacity}", chunk=True)
+
+    def _append_non_finite_chunk(self, data: Draws) -> None:
         tokens = data.draw(st.integers(1, g.MAX_CHUNK), label="tokens")
         x = data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width), label="chunk").copy()
         index = data.draw(st.tuples(*(st.integers(0, n - 1) for n in x.shape)), label="index")
@@ -131,6 +176,21 @@ class CacheOperationsMachine(LayerSteps):
             self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+
+    @rule(requires=[Capability.TRUNCATE], data=st.data())
+    def truncate_a_stale_cache_then_append(self, data: Draws) -> None:
+        """Rows held (one or two appended first if none are), the weights updated in place, a cut, then a row:
+        REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache bound to the parameters its rows
+        were computed with; a cache that binds itself anew when cut takes a stale cache back."""
+        self.hold_rows(data)
+        self.write_weights_in_place(data)
+        self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        due = self._due()  # not stale if the cut was refused or accepted unclaimed: the cache was replaced
+        if due.kind is None:
+            self._append_and_check(x, "append a row to a cache, cut")
+        else:
+            self._step(x, due, f"append a row to a {'stale' if self.model.stale else 'full'} cache, cut")
 
     def _truncate(self, n: object) -> None:
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
@@ -186,6 +246,16 @@ class CacheOperationsMachine(LayerSteps):
         """Keep some batch rows, in order (finished sequences leave): the batch shrinks to them; every held row
         keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed)."""
         indices = data.draw(g.batch_selections(self.model.batch_size), label="rows")
+        self._regather(f"select the batch {indices.description}", indices.value,
+                       g.selection_problem(indices.value, self.model.batch_size),
+                       lambda given: self.adapter.select(self.cache, given), lambda: indices.value)
+
+    @rule(requires=[Capability.BATCH_SELECT], data=st.data(), when=lambda self: self.model.batch_size >= 2)
+    def select_rows_other_than_the_first(self, data: Draws) -> None:
+        """Rows held (one or two appended first if none are), then a valid selection that is not the leading
+        rows: a select that keeps the first k rows whatever was asked shows only here."""
+        self.hold_rows(data)
+        indices = data.draw(g.non_prefix_selections(self.model.batch_size), label="rows")
         self._regather(f"select the batch {indices.description}", indices.value,
                        g.selection_problem(indices.value, self.model.batch_size),
                        lambda given: self.adapter.select(self.cache, given), lambda: indices.value)

@@ -161,6 +161,47 @@ class SessionMachine(ConformanceMachine):
         if it raises, no block changed."""
         self._invalid_step(data)
 
+    @rule(data=st.data())
+    def step_with_invalid_tokens_into_an_empty_session(self, data: Draws) -> None:
+        """The same as the first step, into a new session if this one holds tokens or is stale (a session that
+        allocates lazily must not keep what a rejected step set up)."""
+        if self.tokens or self.stale:
+            self._new_session()
+        self._invalid_step(data)
+
+    @rule(data=st.data())
+    def step_with_invalid_tokens_into_a_session_holding_tokens(self, data: Draws) -> None:
+        """The same with tokens held (a new session prefilled first if this one holds none or is stale): a session
+        that advances its position or writes before its token check raises shows it only over rows it holds."""
+        self._hold_tokens(data, self.capacity)
+        self._invalid_step(data)
+
+    @rule(data=st.data())
+    def prefill_past_the_capacity_of_an_empty_session(self, data: Draws) -> None:
+        """C + 1 valid tokens into an empty session (a new one if this one holds tokens or is stale): FULL (judged
+        with fixed capacity), no block written."""
+        if self.tokens or self.stale:
+            self._new_session()
+        self._prefill(data.draw(g.token_lists(self.config.vocab, self.capacity + 1, self.capacity + 1),
+                                label="tokens"))
+
+    @rule(data=st.data())
+    def prefill_past_the_room_of_a_session_holding_tokens(self, data: Draws) -> None:
+        """Tokens held (a new session prefilled first if this one holds none or is stale), then one token more than
+        the room left: FULL, and the rows held stay -- a session that writes what fits before its room check
+        shows it only here."""
+        self._hold_tokens(data, max(1, self.capacity - 1))
+        room = self.capacity - len(self.tokens)
+        self._prefill(data.draw(g.token_lists(self.config.vocab, room + 1, room + 1), label="tokens"))
+
+    def _hold_tokens(self, data: Draws, most: int) -> None:
+        """Up to ``most`` valid tokens prefilled into a new session if this one holds none or is stale, so that the
+        step after it meets rows held for certain, not by luck."""
+        if self.tokens and not self.stale:
+            return
+        self._new_session()
+        self._fill(data, data.draw(st.integers(1, most), label="tokens held"))
+
     @rule()
     def reset(self) -> None:
         """Empty the session: the next token goes at position 0, bindings kept."""
