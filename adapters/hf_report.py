@@ -49,7 +49,9 @@ class Run:
 
 
 PLAN = (
-    Run("dynamic_cache"), Run("static_cache"),
+    # StaticCache by a full report only: ~80 s of CI's budget for the properties DynamicCache runs too (its traces
+    # are still replayed)
+    Run("dynamic_cache"), Run("static_cache", in_ci=False),
     # the same with a float64 RoPE table: ~180 s that CI's budget does not have (their traces are still replayed)
     Run("dynamic_cache_float64_rope", in_ci=False), Run("static_cache_float64_rope", in_ci=False),
     # DynamicLayer ([full]) and DynamicSlidingWindowLayer ([window]); StaticLayer and StaticSlidingWindowLayer

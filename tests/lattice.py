@@ -568,19 +568,25 @@ TWINS.update(MODEL_TWINS)
 
 
 # -- what a variant's difference can reach -----------------------------------------------------------------
-# A variant that differs from the reference only in its whole model (the model's declarations and methods) can
-# change no verdict but the whole-model property's, one that differs only in its pool no verdict but the paged
-# property's: those run that property alone (every other one would judge the reference again, at 3 of the
-# lattice's 25 CI minutes). ``differences`` says where a variant differs; test_lattice checks the scope holds it.
+# A variant that differs from the reference only in one area read by one machine alone (the whole model, the pool,
+# the cache operations of section 13, the prefix store) can change no verdict but that machine's property: it runs
+# that property alone (every other one would judge the reference again: 40 of the 93 variants, most of the lattice's
+# CI time). ``differences`` says where a variant differs; a difference outside every area runs the whole suite.
 
 MODEL_CAPABILITIES = frozenset({"whole_model", "validates_model_batch", "validates_sequence_ops"} | set(
     DEPENDS["whole_model"]))
 PAGED_CAPABILITIES = frozenset({"paged_prefix_sharing"})
+OPERATIONS_CAPABILITIES = frozenset({"chunked_append", "truncate", "batch_reorder", "fork", "batch_select",
+                                     "batch_repeat"})
 AREAS = {  # area: (its capabilities, its declarations, its methods), and the property that judges it
     "model": (MODEL_CAPABILITIES, {"model_policy", "model_limits"},
               {m for c in MODEL_CAPABILITIES for m in METHODS_OF.get(c, ())}, "properties/test_whole_model.py"),
     "paged": (PAGED_CAPABILITIES, {"paged_policy"},
               {*METHODS_OF["paged_prefix_sharing"], "paged_fork", "paged_truncate"}, "properties/test_paged_cache.py"),
+    # the cache operations of §13 that only the cache-operations machine reads (properties/machines/operations.py)
+    "operations": (OPERATIONS_CAPABILITIES, set(), {m for c in OPERATIONS_CAPABILITIES for m in METHODS_OF[c]},
+                   "properties/test_cache_operations.py"),
+    "prefix store": (frozenset({"prefix_store"}), set(), set(), "properties/test_prefix_store.py"),
 }
 DECLARATION_NAMES = ("model_policy", "model_limits", "paged_policy", "layer_limits", "dtype", "storage", "kv_storage",
                      "mixed_precision", "error_kind")
