@@ -359,6 +359,21 @@ def make_padding_page_paged_adapter() -> PaddingPagePagedAdapter:
     return PaddingPagePagedAdapter()
 
 
+class FullDeclarationAdapter(ReferenceAdapter):
+    """The reference with every declaration it honours at once beside the layer capabilities it always declares:
+    request keys hashed, hits that drop the last matched block, registered duplicates. What a pool declaring
+    everything is judged by; a rule that reaches its case only under a narrower declaration is caught here."""
+
+    name = f"{ReferenceAdapter.name}[everything declared]"
+    paged_policy: ClassVar[dict[str, Any]] = {
+        **ReferenceAdapter.paged_policy, "hash_keys": ["scope", "signature", "lora", "multimodal", "salt"],
+        "hit_limit": "drops_last_hit", "duplicates": "registered"}
+
+
+def make_full_declaration_adapter() -> FullDeclarationAdapter:
+    return FullDeclarationAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

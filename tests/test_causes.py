@@ -77,7 +77,10 @@ def test_one_plain_run_finds_two_bugs_on_one_check_and_the_one_behind_them(tmp_p
     assert len({c for c, _ in changed}) == 1 and len(changed) == 2, found  # one check, two ways: two causes
     assert any(c["check"] == "output" for c in found), found  # the bug behind them
     traces = [c["trace"] for c in found]
-    assert len(found) == 3 and len(set(traces)) == 3 and all(Path(t).exists() for t in traces), found
+    # Three bugs, at least three causes, each with its own trace. A fourth may come from two of them at once: the
+    # broadcast bug meeting a row of a wrong batch and width raises numpy's ValueError, not the kind due.
+    assert len(found) >= 3 and len(set(traces)) == len(found) and all(Path(t).exists() for t in traces), [
+        (c["rule"], c["kind"], c["check"], c["changed"]) for c in found]
     assert window["cause_search"]["stopped"] in ("passed", "cause bound"), window["cause_search"]
     markdown = report.with_suffix(".md").read_text()
     assert "a call that raised changed length" in markdown, markdown

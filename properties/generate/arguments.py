@@ -6,6 +6,7 @@ Each is an ``Argument``: the value, and the error kind it must be rejected with 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,6 +122,25 @@ def batch_selections(draw: st.DrawFn, batch_size: int) -> Argument:
     else:
         value = np.array([True] * len(valid))
     return Argument(value, ErrorKind.INVALID_INDICES.value, f"rows {value.tolist()} of {value.dtype} ({problem})")
+
+
+def on_purpose(plain: str, *hard: str) -> st.SearchStrategy[str]:
+    """Which case a rule meets: ``plain`` half the time (and where shrinking goes), each hard case an equal share
+    of the rest -- the hard cases a rule draws on purpose must not crowd out what it met before them."""
+    return st.sampled_from((plain,) * len(hard) + hard)
+
+
+@st.composite
+def non_prefix_selections(draw: st.DrawFn, batch_size: int) -> Argument:
+    """Valid ``select`` indices (B >= 2) that are not the leading rows ``0..k-1``: 1 to B - 1 distinct ints in
+    [0, B), increasing, at least one row before the last kept left out (a list or an int64 array)."""
+    if batch_size < 2:
+        raise ValueError(f"a selection other than the leading rows needs a batch of 2 or more, not {batch_size}")
+    choices = [rows for size in range(1, batch_size) for rows in itertools.combinations(range(batch_size), size)
+               if rows != tuple(range(size))]
+    valid = list(draw(st.sampled_from(choices), label="kept rows"))
+    as_list = draw(st.booleans(), label="as a list")
+    return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"rows {valid}")
 
 
 def selection_problem(value: object, batch_size: int) -> ErrorKind | None:

@@ -34,6 +34,10 @@ from .layer_steps import LayerSteps, Parked, layer_needs, observed, shown
 MAX_PARKED = 2  # live caches besides the one operated on
 OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capability.BATCH_REORDER],
                     [Capability.BATCH_SELECT], [Capability.BATCH_REPEAT], [Capability.FORK])
+# What a valid chunk is drawn to meet, and which rows a selection keeps: the first, where shrinking goes, is the
+# plain case; the others are hard cases drawn on purpose (``LayerSteps.meet``).
+CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
+SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
 
 
 class CacheOperationsMachine(LayerSteps):
@@ -55,10 +59,20 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.peaked)
     def append_chunk(self, data: Draws) -> None:
         """T >= 1 valid rows at once, in any layout: causal inside the chunk, exact; or FULL if even one row
-        does not fit (nothing written), or REVISION_MISMATCH if stale."""
+        does not fit (nothing written), or REVISION_MISMATCH if stale. On purpose, a chunk one row larger than
+        the room of an empty cache or of one holding rows: a cache that writes what fits before its room check
+        shows it only over rows held."""
+        meets = data.optional(g.on_purpose(*CHUNK_MEETS), "meets", CHUNK_MEETS[0])
+        if meets == CHUNK_MEETS[1]:
+            self.empty_cache()
+        elif meets == CHUNK_MEETS[2]:
+            self.hold_rows(data)
         room = self.config.capacity - len(self.model.rows)
-        tokens = data.draw(st.integers(1, g.MAX_CHUNK) if room <= 0 else
-                           st.integers(1, min(room, g.MAX_CHUNK)) | st.just(room + 1), label="tokens")
+        if meets != CHUNK_MEETS[0]:
+            tokens = max(1, room + 1)
+        else:
+            tokens = data.draw(st.integers(1, g.MAX_CHUNK) if room <= 0 else
+                               st.integers(1, min(room, g.MAX_CHUNK)) | st.just(room + 1), label="tokens")
         x = g.with_layout(data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width),
                                     label="chunk"), *data.draw(g.layouts(), label="layout"))
         due = self._due(tokens=tokens)
@@ -70,7 +84,9 @@ class CacheOperationsMachine(LayerSteps):
 
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_malformed_chunk(self, data: Draws) -> None:
-        """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides."""
+        """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides. Into the
+        cache as it is, an empty one or one holding rows (``meet``)."""
+        self.meet(data)
         self._append_malformed_chunk(data)
 
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.rows)
@@ -85,7 +101,12 @@ class CacheOperationsMachine(LayerSteps):
 
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_non_finite_chunk(self, data: Draws) -> None:
-        """A chunk with one inf or NaN in any of its rows: none of its rows is written."""
+        """A chunk with one inf or NaN in any of its rows: none of its rows is written. Into the cache as it is,
+        an empty one or one holding rows (``meet``)."""
+        self.meet(data)
+        self._append_non_finite_chunk(data)
+
+    def _append_non_finite_chunk(self, data: Draws) -> None:
         tokens = data.draw(st.integers(1, g.MAX_CHUNK), label="tokens")
         x = data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width), label="chunk").copy()
         index = data.draw(st.tuples(*(st.integers(0, n - 1) for n in x.shape)), label="index")
@@ -102,8 +123,14 @@ class CacheOperationsMachine(LayerSteps):
         claimed). A window cache must truncate wherever it still shows every row the next query sees; where
         it does not, it may refuse with EVICTED (nothing changed) or succeed exactly. Declared
         window_truncates_until_full: it truncates while it holds fewer than W rows (W + S with S sinks, declared
-        window_full_counts_sinks), and refuses every truncation with EVICTED from then on."""
-        self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
+        window_full_counts_sinks), and refuses every truncation with EVICTED from then on. On purpose, a stale cache
+        holding rows, cut, then a row: REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache
+        bound to the parameters its rows were computed with; one that binds itself anew takes a stale cache back."""
+        if data.optional(g.on_purpose("the cache as it is", "a stale cache, then a row"), "cuts",
+                         "the cache as it is") == "a stale cache, then a row":
+            self._truncate_a_stale_cache_then_append(data)
+        else:
+            self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
 
     @rule(requires=[Capability.TRUNCATE], data=st.data(), when=lambda self: self.window is not None
           and not self.model.stale and not self.model.peaked and self.window + 1 <= self.config.capacity)
@@ -131,6 +158,17 @@ class CacheOperationsMachine(LayerSteps):
             self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+
+    def _truncate_a_stale_cache_then_append(self, data: Draws) -> None:
+        self.hold_rows(data)
+        self.write_weights_in_place(data)
+        self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        due = self._due()  # not stale if the cut was refused or accepted unclaimed: the cache was replaced
+        if due.kind is None:
+            self._append_and_check(x, "append a row to a cache, cut")
+        else:
+            self._step(x, due, f"append a row to a {'stale' if self.model.stale else 'full'} cache, cut")
 
     def _truncate(self, n: object) -> None:
         what = f"truncate a cache of {len(self.model.rows)} rows to {n!r}"
@@ -184,8 +222,17 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.BATCH_SELECT], data=st.data())
     def select(self, data: Draws) -> None:
         """Keep some batch rows, in order (finished sequences leave): the batch shrinks to them; every held row
-        keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed)."""
-        indices = data.draw(g.batch_selections(self.model.batch_size), label="rows")
+        keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed). On
+        purpose (B >= 2), a valid selection other than the leading rows, on rows held (one or two appended first
+        if none are): a select that keeps the first k rows whatever was asked shows only there."""
+        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*SELECTIONS), "selects",
+                                                              SELECTIONS[0]) == SELECTIONS[1]
+        if chosen:
+            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
+        if chosen and self.model.batch_size >= 2:
+            indices = data.draw(g.non_prefix_selections(self.model.batch_size), label="rows")
+        else:
+            indices = data.draw(g.batch_selections(self.model.batch_size), label="rows")
         self._regather(f"select the batch {indices.description}", indices.value,
                        g.selection_problem(indices.value, self.model.batch_size),
                        lambda given: self.adapter.select(self.cache, given), lambda: indices.value)

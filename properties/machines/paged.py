@@ -59,6 +59,7 @@ from .paged_rules import (
     fits,
     hit_candidates,
     same_prefix,
+    shortest_prompt_with_hit,
 )
 
 SCOPES = ("app", "other app")
@@ -531,6 +532,96 @@ class PagedCacheMachine(ConformanceMachine):
         none = self._no_request_keys()
         for chosen in (None, *self.policy.request_keys, None):
             self._add(tokens, SCOPES[0], index, tuple((key, "X" if key == chosen else "") for key, _ in none))
+
+    # -- hits that survive the declared hit limit, on purpose ------------------------------------------------------
+
+    def _surviving(self, blocks: int = 1) -> int:
+        """The shortest prompt whose hit keeps ``blocks`` blocks under the declared hit limit."""
+        return shortest_prompt_with_hit(self.policy, self.block_size, blocks)
+
+    def _fits(self, length: int) -> bool:
+        """Whether a prompt of ``length`` tokens fits the machine's sequences and an emptied pool."""
+        return length <= MAX_LENGTH and blocks_for(length, self.block_size) <= self.num_blocks
+
+    def _free_all(self) -> None:
+        for sequence in list(self.live):
+            self._free(sequence)
+
+    @rule(data=st.data(), when=lambda self: bool(self.policy.request_keys) and self._fits(self._surviving()))
+    def add_one_value_under_each_request_key_past_the_hit_limit(self, data: Draws) -> None:
+        """The same with a prompt long enough that a hit survives the declared hit limit, in an emptied pool, each
+        add freed before the next (its blocks cached for the next to look up): twice with no key (the second must
+        hit), then with the value "X" under each request key in turn (none may hit the one before: an untagged
+        hash would)."""
+        length = self._surviving()
+        longest = max(n for n in range(length, MAX_LENGTH + 1) if self._fits(n))
+        tokens = data.draw(g.token_lists(self.config.vocab, length, longest), label="tokens")
+        index = data.choose(range(len(self.decoders)), "decoder")
+        none = self._no_request_keys()
+        self._free_all()
+        for chosen in (None, None, *self.policy.request_keys):
+            added = self._add(tokens, SCOPES[0], index, tuple((key, "X" if key == chosen else "") for key, _ in none))
+            if added is not None:
+                self._free(added)
+
+    @rule(data=st.data(), when=lambda self: bool(self.policy.request_keys)
+          and self._fits(self._surviving(1 // self.block_size + 1)))
+    def add_keyed_past_a_block_an_append_filled(self, data: Draws) -> None:
+        """A keyed sequence of one token grown by an append to every full block of a prompt whose hit survives the
+        hit limit and reaches a block the append filled; freed; then that prompt added with the same keys (it
+        must hit that block) and with none (it must not): an append that hashes without the keys is caught."""
+        first_filled = 1 // self.block_size  # the first block that an append, not the add, fills
+        length = self._surviving(first_filled + 1)
+        tokens = data.draw(g.token_lists(self.config.vocab, length, length), label="tokens")
+        chosen = data.choose(self.policy.request_keys, "request key")
+        request = tuple((key, "X" if key == chosen else "") for key in self.policy.request_keys)
+        index = data.choose(range(len(self.decoders)), "decoder")
+        self._free_all()
+        grown = self._add(tokens[:1], SCOPES[0], index, request)
+        if grown is None:
+            return
+        self._append(grown, tokens[1:length // self.block_size * self.block_size])
+        self._free(grown)
+        for keys in (request, self._no_request_keys()):
+            added = self._add(tokens, SCOPES[0], index, keys)
+            if added is not None:
+                self._free(added)
+
+    @rule(data=st.data(), when=lambda self: self.num_blocks >= 5)  # A's three blocks and B's two, none shared
+    def add_a_duplicate_then_evict_a_copy(self, data: Draws) -> None:
+        """Duplicates of registered blocks, one copy evicted, then a hit past the hit limit on what they hold. In
+        an emptied pool: B, a prompt of two blocks less a token; A, that prompt and two tokens more (it reuses
+        B's block as far as the hit limit lets it, computing the rest anew: under drops_last_hit a duplicate);
+        B's token appended (its second block fills with A's content: a duplicate). B freed, then A; one-block
+        prompts of other tokens added until every block B left cached is evicted, and freed; then A's tokens
+        again: a hit must take the copies still registered -- never an evicted one, nor lose a content whose
+        other copy was evicted."""
+        bs = self.block_size
+        tokens = data.draw(g.token_lists(self.config.vocab, 2 * bs + 1, 2 * bs + 1), label="tokens")
+        index = data.choose(range(len(self.decoders)), "decoder")
+        self._free_all()
+        short = self._add(tokens[:2 * bs - 1], SCOPES[0], index)
+        whole = self._add(tokens, SCOPES[0], index)
+        if short is None or whole is None:
+            return
+        self._append(short, tokens[2 * bs - 1:2 * bs])
+        before = set(self.state.cached)
+        self._free(short)
+        left = set(self.state.cached) - before
+        self._free(whole)
+        others = []
+        for _ in range(self.num_blocks + 1):
+            if not left & set(self.state.cached):
+                break
+            other = self._add([(tokens[0] + 1) % self.config.vocab, *tokens[1:bs]], SCOPES[0], index)
+            if other is None:
+                break
+            others.append(other)
+        for other in others:
+            self._free(other)
+        again = self._add(tokens, SCOPES[0], index)
+        if again is not None:
+            self._free(again)
 
     @rule(data=st.data(), when=lambda self: self._fresh(longest=MAX_LENGTH - 1))
     def append(self, data: Draws) -> None:

@@ -49,6 +49,16 @@ def hit_limit(policy: PagedPolicy, length: int, block_size: int) -> int:
     return (length - 1) // block_size
 
 
+def shortest_prompt_with_hit(policy: PagedPolicy, block_size: int, blocks: int = 1) -> int:
+    """The fewest tokens an add needs for a hit of ``blocks`` registered blocks to survive the declared hit limit
+    (every leading full block registered): under ``drops_last_hit``, one more must be matched and dropped."""
+    dropped = int(policy.hit_limit == "drops_last_hit")
+    length = 1
+    while hit_limit(policy, length, block_size) - dropped < blocks:
+        length += 1
+    return length
+
+
 def expected_hit(registered: Mapping[ChainKey, Hashable], tokens: Sequence[int], scope: str, signature: str,
                  policy: PagedPolicy, block_size: int, request: Sequence[tuple[str, str]] = ()) -> list[Hashable]:
     """``hit_candidates`` with one registered block per identity: the blocks themselves."""

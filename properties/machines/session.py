@@ -41,6 +41,11 @@ from .base import (
     update_block_weights,
 )
 
+# What a prefill and a step with invalid tokens are drawn to meet: the first, where shrinking goes, is the session
+# as it is; the others are hard cases drawn on purpose, inside the rule (a rule of their own would thin the others).
+PREFILL_MEETS = ("the session as it is", "past the capacity of an empty session",
+                 "past the room of a session holding tokens")
+STEP_MEETS = ("the session as it is", "an empty session", "a session holding tokens")
 
 class SessionMachine(ConformanceMachine):
     """Prefill, decode, reset, in-place weight updates, full sessions, invalid tokens, steps with two problems."""
@@ -147,8 +152,19 @@ class SessionMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def prefill(self, data: Draws) -> None:
-        """T >= 1 tokens at once: causal inside the chunk, committed in every block or in none."""
-        self._prefill(data.draw(g.token_lists(self.config.vocab), label="tokens"))
+        """T >= 1 tokens at once: causal inside the chunk, committed in every block or in none. On purpose, one
+        token more than the room of an empty session or of one holding tokens: FULL (judged with fixed capacity),
+        and the rows held stay -- a session that writes what fits before its room check shows it only there."""
+        meets = data.optional(g.on_purpose(*PREFILL_MEETS), "meets", PREFILL_MEETS[0])
+        if meets == PREFILL_MEETS[0]:
+            self._prefill(data.draw(g.token_lists(self.config.vocab), label="tokens"))
+            return
+        if meets == PREFILL_MEETS[1]:
+            self._empty_session()
+        else:
+            self._hold_tokens(data, max(1, self.capacity - 1))
+        room = self.capacity - len(self.tokens)
+        self._prefill(data.draw(g.token_lists(self.config.vocab, room + 1, room + 1), label="tokens"))
 
     @rule(data=st.data())
     def decode(self, data: Draws) -> None:
@@ -158,8 +174,28 @@ class SessionMachine(ConformanceMachine):
     @rule(data=st.data())
     def step_with_invalid_tokens(self, data: Draws) -> None:
         """Checked first, before staleness or capacity: INVALID_TOKENS (judged with token validation);
-        if it raises, no block changed."""
+        if it raises, no block changed. Into the session as it is, or on purpose an empty one (a lazily
+        allocating session must not keep what a rejected step set up) or one holding tokens (a session that
+        advances its position or writes before its token check shows it only over rows held)."""
+        meets = data.optional(g.on_purpose(*STEP_MEETS), "meets", STEP_MEETS[0])
+        if meets == STEP_MEETS[1]:
+            self._empty_session()
+        elif meets == STEP_MEETS[2]:
+            self._hold_tokens(data, self.capacity)
         self._invalid_step(data)
+
+    def _empty_session(self) -> None:
+        """A new session if this one holds tokens or is stale: the step after it meets an empty one for certain."""
+        if self.tokens or self.stale:
+            self._new_session()
+
+    def _hold_tokens(self, data: Draws, most: int) -> None:
+        """Up to ``most`` valid tokens prefilled into a new session if this one holds none or is stale, so that the
+        step after it meets rows held for certain, not by luck."""
+        if self.tokens and not self.stale:
+            return
+        self._new_session()
+        self._fill(data, data.draw(st.integers(1, most), label="tokens held"))
 
     @rule()
     def reset(self) -> None:
