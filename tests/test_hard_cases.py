@@ -50,7 +50,8 @@ FLOOR_EXAMPLES = 100
 # window and sinks (declared apart: window_full_counts_sinks, judged by the lattice); and in the layer run a lone
 # overflowing projection, drawn only where the weights have one (0.04 outside pytest, 0 inside). Measured 2026-12-03,
 # with the hard cases drawn inside the rules that need them (no rule of their own), so the layer machines' shares
-# are those of the plain reference; the paged machine's three rules for hit limits and duplicates run only where declared.
+# are those of the plain reference; the paged machine's three rules for hit limits and duplicates run only where
+# declared.
 # A rule met in under 2% of the examples keeps 0.005 (one example in 200).
 FLOORS: dict[str, dict[str, float]] = {
     "layer_cache": {
