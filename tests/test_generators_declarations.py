@@ -18,6 +18,8 @@ from kvcache_conformance.protocol.kinds import declared
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
 
+pytestmark = pytest.mark.slow  # whole machine runs, counting what they drew (on Python 3.11 only)
+
 FAST = settings(max_examples=60, database=None, deadline=None)
 REFERENCE = declared(ReferenceAdapter.capabilities)
 CAPABILITIES = [REFERENCE, frozenset({"rope_half_split"}), frozenset({"positionless", "gqa"}),

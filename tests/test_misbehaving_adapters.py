@@ -17,6 +17,8 @@ from kvcache_conformance.traces import codec as trace
 from kvcache_conformance.traces import replay
 from tests import misbehaving
 
+pytestmark = pytest.mark.slow  # whole machine runs against adapters that misbehave (on Python 3.11 only)
+
 QUICK = profiles.settings_for("ci", max_examples=100, database=None, report_multiple_bugs=False)
 
 CASES = [

@@ -17,6 +17,8 @@ from kvcache_conformance.run.runner import run_machine
 from kvcache_conformance.traces import codec, recording, replay
 from tests.lattice import TWINS, VARIANTS, variant
 
+pytestmark = pytest.mark.slow  # the whole corpus replayed against every lattice variant (on Python 3.11 only)
+
 REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"
 CORPUS = {path.name: codec.load(path) for path in sorted(REGRESSIONS.glob("*.json"))}
 OLD = {path.name: codec.load(path) for path in sorted((Path(__file__).parent / "old-traces").glob("*.json"))}
