@@ -304,7 +304,8 @@ class PropertyRun:
         finds no other, or ``CAUSE_SECONDS`` are spent. Causes are told apart by ``Cause`` (kind, claimed check,
         what a raising call changed), never by rule: one cause reached through several rules is one, seen there
         too. Where every example meets a cause already found, its rules are left out instead (as ``--kv-xfails
-        PROPERTY :: RULE`` would). Each cause keeps its own shrunk trace; the first is the property's failure,
+        PROPERTY :: RULE`` would), and so they are where a search that found nothing discarded a quarter of its
+        examples for them. Each cause keeps its own shrunk trace; the first is the property's failure,
         the others are listed with it; where the search stopped is recorded (``cause_search``). ``hunt`` None:
         the first cause only, not searched past (a replayed saved example)."""
         found: dict[Cause, tuple[dict[str, Any], BaseException]] = {}
@@ -324,6 +325,18 @@ class PropertyRun:
             if result.failure is None:
                 if result.stopped_by_budget:
                     stopped = "budget"
+                    break
+                # A search that discarded a quarter of its examples or more for causes already found was a weak
+                # one: a bug behind them may need the programs it threw away. Leave out the rules they were met
+                # in, and search again (as where every example met one).
+                rules = {rule for cause, _ in found.values() for rule in (cause["rule"], *cause["also_in"])}
+                rules -= setup | {None} | left_out
+                if rules and 4 * sum(result.met_again.values()) >= result.runs and \
+                        time.monotonic() - started <= CAUSE_SECONDS:
+                    left_out |= rules
+                    result = self._search(machine, self.property_id, parameters, left_out,
+                                          set_aside=frozenset(found))
+                    continue
                 break
             rule, cause = failing_rule(result), cause_of(result.failure)
             if cause in found:  # (a search with a cause's rule left out can still meet it elsewhere)
