@@ -200,8 +200,10 @@ class HfModelAdapter:
     model_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
                                               "copy_per_sequence": "whole_only"}
 
-    def __init__(self, name: str, *, static: bool = False, float64_steps: bool = True, crop: bool = False) -> None:
+    def __init__(self, name: str, *, static: bool = False, float64_steps: bool = True, crop: bool = False,
+                 roll_back: bool = True) -> None:
         self.name, self.static, self.float64_steps, self.crop = name, static, float64_steps, crop
+        self.roll_back = roll_back
         capabilities = set(self.base_capabilities)
         if float64_steps:
             capabilities.add("float64")
@@ -256,7 +258,7 @@ class HfModelAdapter:
                 store.positions.extend(positions)
                 logits[indices] = out.logits[0].detach().numpy()
         except BaseException as error:
-            for store, lengths, positions in before:
+            for store, lengths, positions in before if self.roll_back else ():
                 for layer, length in zip(store.cache.layers, lengths):
                     now = int(layer.get_seq_length()) if layer.is_initialized else 0
                     if now != length:
@@ -294,11 +296,10 @@ class HfModelAdapter:
     def seq_copy(self, context: Context, src: int, dst: int, p0: int, p1: int) -> None:
         if (p0 >= 0 or p1 >= 0) and not (p0 <= 0 and p1 < 0):
             raise NotImplementedError("transformers copies a whole cache (deepcopy), not a range of it")
-        source, target = self._store(context, src), self._store(context, dst)
-        if source is target:
+        source = self._store(context, src)
+        if source is self._store(context, dst):
             return
         context.stores[dst] = Store(copy.deepcopy(source.cache), list(source.positions))
-        del target
 
     def seq_remove(self, context: Context, seq: int, p0: int, p1: int) -> None:
         if not self.crop:
@@ -356,6 +357,11 @@ def dynamic_cache_crop() -> HfModelAdapter:
 def static_cache_crop() -> HfModelAdapter:
     """As ``static_cache``, declaring seq_remove by crop."""
     return HfModelAdapter("hf-llama-model-static-cache-crop", static=True, crop=True)
+
+
+def static_cache_no_roll_back() -> HfModelAdapter:
+    """As ``static_cache``, leaving the caches as transformers left them when a forward raised (positions too)."""
+    return HfModelAdapter("hf-llama-model-static-cache-no-roll-back", static=True, roll_back=False)
 
 
 def dynamic_cache_stock() -> HfModelAdapter:
