@@ -33,9 +33,13 @@ Not offered, because transformers does not do it: shifts and divides (keys are c
 there is no re-rotation; ``can_shift`` is false), range copies, unified contexts (one pool of cells for
 every sequence), sliding windows (Llama has none), interleaved RoPE, validation of batches or sequence
 operations (an id out of the vocabulary raises torch's ``IndexError`` inside the embedding, unmapped;
-positions that do not run on are accepted). The batch-row operations ``reorder_cache`` and
-``batch_select_indices`` act on rows of one cache, which here never holds more than one sequence: they
-have no sequence operation to serve.
+positions that do not run on are accepted).
+
+``dynamic_cache_rows`` is the other layout: one ``DynamicCache`` whose batch rows are the sequences, as
+``generate`` keeps beams. A batch is one forward, shorter rows padded (padding stays in the cache, masked
+out), under a 4D mask; a whole copy is ``cache.reorder_cache`` (beam search's reorder). It declares copies
+only: a keep or a removal there would be a mask the adapter keeps over rows still in the cache, a load would
+need a row put into the cache (no such operation), and ``batch_select_indices`` shrinks the batch.
 
 Glue the adapter adds, and says so:
 
@@ -332,6 +336,104 @@ class HfModelAdapter:
         return "full" if isinstance(error, CacheFull) else None
 
 
+@dataclass(eq=False)
+class RowsContext:
+    """Every sequence a row of one ``DynamicCache``: all rows have the same slots; a slot of a row is a cell of
+    that sequence (``valid``) or padding its batch needed (never seen again), at ``positions``."""
+
+    model: Model
+    config: ContextConfig
+    cache: Any
+    valid: list[list[bool]]
+    positions: list[list[int]]
+
+
+class HfRowsAdapter(HfModelAdapter):
+    """``LlamaForCausalLM`` over one ``DynamicCache`` whose batch rows are the sequences (as ``generate`` keeps
+    beams): a batch is one forward of ``[sequences, longest]`` tokens, shorter rows padded, with a 4D boolean
+    mask (transformers passes a 4D mask through as it is) letting each token see its own row's cells at
+    positions up to its own and its row's earlier tokens of the batch; a padding token sees only itself. A
+    whole copy is ``cache.reorder_cache(index)`` with ``index[dst] = src`` (beam search's reorder). Nothing
+    else: a keep or a removal would be a mask over rows that stay in the cache, and a load would need a row
+    put into a cache, which transformers has no operation for; ``batch_select_indices`` shrinks the batch, so
+    it serves no sequence operation here either."""
+
+    base_capabilities = frozenset({"whole_model", "gqa", "rope_half_split", "seq_copy"})
+
+    def create_context(self, model: Model, config: ContextConfig) -> RowsContext:
+        if config.unified:
+            raise ValueError("one row of the cache per sequence: per-sequence contexts only")
+        rows = config.max_sequences
+        return RowsContext(model, config, DynamicCache(config=model.hf.config), [[] for _ in range(rows)],
+                           [[] for _ in range(rows)])
+
+    def _row(self, context: RowsContext, seq: Any) -> int:
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < len(context.valid):
+            raise LookupError(f"no sequence {seq!r} in a context of {len(context.valid)}")
+        return seq
+
+    def decode_batch(self, context: RowsContext, batch: ModelBatch) -> np.ndarray:
+        rows, slots = len(context.valid), len(context.valid[0])
+        mine: list[list[int]] = [[] for _ in range(rows)]  # batch indices of each row's tokens, in batch order
+        for index, seq in enumerate(batch.sequences):
+            mine[self._row(context, seq)].append(index)
+        longest = max(map(len, mine), default=0)
+        ids = torch.zeros((rows, longest), dtype=torch.long)
+        positions = torch.zeros((rows, longest), dtype=torch.long)
+        mask = torch.zeros((rows, 1, longest, slots + longest), dtype=torch.bool)
+        for row, indices in enumerate(mine):
+            for j, index in enumerate(indices):
+                ids[row, j], positions[row, j] = batch.tokens[index], batch.positions[index]
+                for t in range(slots):
+                    mask[row, 0, j, t] = context.valid[row][t] and context.positions[row][t] <= batch.positions[index]
+                mask[row, 0, j, slots:slots + j + 1] = True
+            for j in range(len(indices), longest):
+                mask[row, 0, j, slots + j] = True  # padding sees itself only (no empty softmax)
+        try:
+            with torch.no_grad():
+                out = context.model.hf(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                       cache=context.cache, use_cache=True)
+        except BaseException:
+            for layer in context.cache.layers:
+                now = int(layer.get_seq_length()) if layer.is_initialized else 0
+                if now != slots:
+                    layer.crop(slots - now)
+            raise
+        logits = np.zeros((len(batch.tokens), context.model.config.vocab))
+        for row, indices in enumerate(mine):
+            for j, index in enumerate(indices):
+                logits[index] = out.logits[row, j].detach().numpy()
+            context.valid[row] += [j < len(indices) for j in range(longest)]
+            context.positions[row] += [int(p) for p in positions[row]]
+        return logits[[bool(w) for w in batch.logits]]
+
+    def clear(self, context: RowsContext) -> None:
+        context.cache.reset()
+        context.valid = [[] for _ in context.valid]
+        context.positions = [[] for _ in context.positions]
+
+    def _held(self, context: RowsContext, seq: int) -> list[int]:
+        row = self._row(context, seq)
+        return [p for p, v in zip(context.positions[row], context.valid[row]) if v]
+
+    def seq_pos_min(self, context: RowsContext, seq: int) -> int:
+        return min(self._held(context, seq), default=-1)
+
+    def seq_pos_max(self, context: RowsContext, seq: int) -> int:
+        return max(self._held(context, seq), default=-1)
+
+    def seq_copy(self, context: RowsContext, src: int, dst: int, p0: int, p1: int) -> None:
+        if (p0 >= 0 or p1 >= 0) and not (p0 <= 0 and p1 < 0):
+            raise NotImplementedError("reorder_cache copies a whole row, not a range of it")
+        src, dst = self._row(context, src), self._row(context, dst)
+        if src == dst:
+            return
+        index = list(range(len(context.valid)))
+        index[dst] = src
+        context.cache.reorder_cache(torch.tensor(index))
+        context.valid[dst], context.positions[dst] = list(context.valid[src]), list(context.positions[src])
+
+
 def _raised_in_static_update(error: BaseException) -> bool:
     frames = traceback.extract_tb(error.__traceback__)
     return any(frame.name == "update" and frame.filename.endswith("cache_utils.py") for frame in frames[-3:])
@@ -362,6 +464,11 @@ def static_cache_crop() -> HfModelAdapter:
 def static_cache_no_roll_back() -> HfModelAdapter:
     """As ``static_cache``, leaving the caches as transformers left them when a forward raised (positions too)."""
     return HfModelAdapter("hf-llama-model-static-cache-no-roll-back", static=True, roll_back=False)
+
+
+def dynamic_cache_rows() -> HfRowsAdapter:
+    """One DynamicCache whose rows are the sequences (padded batches, a 4D mask); copies by reorder_cache."""
+    return HfRowsAdapter("hf-llama-model-dynamic-cache-rows")
 
 
 def dynamic_cache_stock() -> HfModelAdapter:
