@@ -11,7 +11,7 @@ from kvcache_conformance.oracle.model_config import ContextConfig, ModelBatch, M
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from adapters import hf_model  # noqa: E402
+from adapters import hf_model
 
 FACTORIES = ["dynamic_cache", "static_cache", "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back",
              "dynamic_cache_rows", "dynamic_cache_stock"]
