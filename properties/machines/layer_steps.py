@@ -294,17 +294,17 @@ class LayerSteps(ConformanceMachine):
     # subset of rules in every run, and each rule added thins every other one out (issue 23: two old mutants
     # survived eleven added rules).
 
-    def meet(self, data: Draws) -> str:
-        """Where a rejected call lands: the cache as it is, an empty cache (a fresh one if this one holds rows) or
-        one holding rows (one or two valid rows appended first if it holds none) -- a lazily allocating cache
-        shows a kept shape only when empty, a write before the checks only over rows held. Traces of an earlier
-        suite, without this draw, meet the cache as it is."""
-        meets = data.optional(g.on_purpose(*MEETS), "meets", MEETS[0])
-        if meets == "an empty cache":
+    def meet(self, data: Draws, cases: tuple[str, str, str] = MEETS) -> int:
+        """Where a call lands, drawn from ``cases`` (named for the call; by default ``MEETS``): 0, the cache as it
+        is; 1, an empty cache (a fresh one if this one holds rows); 2, one holding rows (one or two valid rows
+        appended first if it holds none) -- a lazily allocating cache shows a kept shape only when empty, a write
+        before the checks only over rows held. Traces of an earlier suite, without this draw, meet it as it is."""
+        meets = cases.index(data.optional(g.on_purpose(*cases), "meets", cases[0]))
+        if meets == 1:
             self.empty_cache()
-        elif meets == "a cache holding rows":
+        elif meets == 2:
             self.hold_rows(data)
-        return meets  # type: ignore[no-any-return]
+        return meets
 
     def empty_cache(self) -> None:
         """A fresh cache in place of one that holds rows, so that the call after it meets an empty cache for

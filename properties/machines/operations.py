@@ -62,13 +62,9 @@ class CacheOperationsMachine(LayerSteps):
         does not fit (nothing written), or REVISION_MISMATCH if stale. On purpose, a chunk one row larger than
         the room of an empty cache or of one holding rows: a cache that writes what fits before its room check
         shows it only over rows held."""
-        meets = data.optional(g.on_purpose(*CHUNK_MEETS), "meets", CHUNK_MEETS[0])
-        if meets == CHUNK_MEETS[1]:
-            self.empty_cache()
-        elif meets == CHUNK_MEETS[2]:
-            self.hold_rows(data)
+        past_the_room = self.meet(data, CHUNK_MEETS) > 0
         room = self.config.capacity - len(self.model.rows)
-        if meets != CHUNK_MEETS[0]:
+        if past_the_room:
             tokens = max(1, room + 1)
         else:
             tokens = data.draw(st.integers(1, g.MAX_CHUNK) if room <= 0 else
