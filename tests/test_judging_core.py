@@ -12,7 +12,8 @@ import pytest
 from impl.conformance import ReferenceAdapter
 from kvcache_conformance.judge.calls import Inputs
 from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance, kind_of
-from kvcache_conformance.judge.policy import ACCEPTED_CHANGED_HELD, VALID, Due, Expect, Held, judge_call, unchanged
+from kvcache_conformance.judge.policy import ACCEPTED_CHANGED_HELD, VALID, Due, Expect, Held, judge_call, kept, unchanged
+from kvcache_conformance.machines.layer_steps import held_rows
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.run import selection
 from kvcache_conformance.run.report import causes
@@ -125,6 +126,18 @@ def test_an_accepted_unclaimed_call_keeps_every_row_held_before_it() -> None:
     state["rows"] = {"row 0": np.zeros(2), "row 1": np.ones(2)}
     with pytest.raises(NonConformance, match="is gone"):
         judge(evicts)
+
+
+def test_an_accepted_unclaimed_call_may_leave_fewer_value_rows_than_key_rows() -> None:
+    """transformers 5.17's DynamicCache took a row of rank 2 into its keys only: what is shown of the rows held
+    before is judged, and the mismatch is no suite error (it was an IndexError)."""
+    before = {"keys": np.zeros((1, 1, 1, 2)), "values": np.zeros((1, 1, 1, 2))}
+    uneven = {"keys": np.zeros((1, 1, 2, 2)), "values": np.zeros((1, 1, 1, 2))}
+    assert set(held_rows(uneven)) == {"key row at position 0", "key row at position 1", "value row at position 0"}
+    kept(Held(held_rows), before, uneven, "the call")  # every row held before is shown, as it was
+    with pytest.raises(NonConformance) as gone:
+        kept(Held(held_rows), before, {**uneven, "values": np.zeros((1, 1, 0, 2))}, "the call")
+    assert gone.value.kind == ACCEPTED_CHANGED_HELD
 
 
 def test_a_valid_call_must_succeed_and_a_refusable_one_may_refuse_only_as_allowed() -> None:

@@ -25,8 +25,44 @@ STATUS_FIELDS = ("versions", "fix_read", "run")
 SECTION = re.compile(r"^\d+(\.\d+)?$")  # a section of docs/spec.md, "13.5" or "6"
 
 
+RUN_FIELDS = ("adapter", "install")  # required of a `run` table; `tests`, `torch`, `python`, `known` have defaults
+PATTERN_FIELDS = ("property", "kind", "rule", "check")
+
+
 class CatalogueError(ValueError):
     """An entry of the catalogue lacks a field or holds one of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class CausePattern:
+    """A cause of a report (``--kv-report``'s ``causes``) by its identity, never its message: the property's
+    function name, the failure kind, and optionally the rule it was met in and the claimed check."""
+
+    property: str
+    kind: str
+    rule: str | None = None
+    check: str | None = None
+    why: str | None = None  # for a known cause: what it is (a published finding, another bug)
+
+    def matches(self, cause: dict[str, Any]) -> bool:
+        return (cause["property"].rsplit("::", 1)[-1] == self.property and cause["kind"] == self.kind
+                and (self.rule is None or self.rule in (cause.get("rules") or [cause.get("rule")]))
+                and (self.check is None or cause.get("check") == self.check))
+
+    def described(self) -> str:
+        return " ".join(f"{name} {getattr(self, name)!r}" for name in PATTERN_FIELDS if getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Run:
+    """How the benchmark runs an entry: the same for both releases."""
+
+    adapter: str  # module:factory, as for --kv-impl
+    install: tuple[str, ...]  # pip requirements of the release's environment, "{version}" filled in per release
+    tests: tuple[str, ...] = ("properties",)  # what pytest is given: the plain command's, or the part that applies
+    torch: bool = False  # the environment's base has torch 2.13.0
+    python: str = "3.11"
+    known: tuple[CausePattern, ...] = ()  # causes the fixed release may still show: other findings, not this bug
 
 
 @dataclass(frozen=True)
@@ -48,6 +84,8 @@ class Bug:
     spec: tuple[str, ...]
     expect: dict[str, str]  # outcome "caught" (property, rule, check) or "miss" (why)
     status: dict[str, str]  # versions, fix_read, run: what was verified, honestly
+    run: Run | None = None  # None: the benchmark cannot run it here (status says why)
+    cause: CausePattern | None = None  # how a report shows this bug (every runnable entry has one)
 
 
 def _text(entry: dict[str, Any], field: str, where: str) -> str:
@@ -74,6 +112,38 @@ def _expect(entry: dict[str, Any], where: str) -> dict[str, str]:
     return {name: str(value) for name, value in table.items()}
 
 
+def _pattern(table: Any, where: str) -> CausePattern:
+    if not isinstance(table, dict) or not {"property", "kind"} <= set(table) or \
+            not set(table) <= {*PATTERN_FIELDS, "why"}:
+        raise CatalogueError(f"{where}: a cause is a table with property and kind, and optionally rule, check, why; "
+                             f"got {table!r}")
+    return CausePattern(**{name: _text(table, name, where) for name in table})
+
+
+def _run(entry: dict[str, Any], where: str) -> tuple[Run | None, CausePattern | None]:
+    """The entry's `run` table, and its `cause` (required of a runnable entry expected caught)."""
+    given = entry.get("cause")
+    cause = None if given is None else _pattern(given, f"{where}.cause")
+    table = entry.get("run")
+    if table is None:
+        return None, cause
+    if not isinstance(table, dict) or not set(RUN_FIELDS) <= set(table):
+        raise CatalogueError(f"{where}: `run` must be a table with {', '.join(RUN_FIELDS)}")
+    lists = {name: table.get(name, default) for name, default in (("install", None), ("tests", ["properties"]),
+                                                                   ("known", []))}
+    for name, value in lists.items():
+        if not isinstance(value, list) or (name != "known" and not all(isinstance(v, str) and v for v in value)):
+            raise CatalogueError(f"{where}: `run.{name}` must be a list" + ("" if name == "known" else " of strings"))
+    if not isinstance(table.get("torch", False), bool):
+        raise CatalogueError(f"{where}: `run.torch` must be true or false")
+    run = Run(_text(table, "adapter", f"{where}.run"), tuple(lists["install"]), tuple(lists["tests"]),
+              table.get("torch", False), str(table.get("python", "3.11")),
+              tuple(_pattern(known, f"{where}.run.known") for known in lists["known"]))
+    if cause is None and entry["expect"]["outcome"] == "caught":
+        raise CatalogueError(f"{where}: a runnable entry expected caught needs `cause`: how its report shows it")
+    return run, cause
+
+
 def parse(document: dict[str, Any]) -> list[Bug]:
     """The checked entries of a parsed catalogue, in file order."""
     entries = document.get("bug")
@@ -91,7 +161,8 @@ def parse(document: dict[str, Any]) -> list[Bug]:
         bug = Bug(_text(entry, "id", where), _text(entry, "library", where), _release(entry, "buggy", where),
                   _release(entry, "fixed", where), _text(entry, "issue", where), _text(entry, "fix", where),
                   _text(entry, "what", where), tuple(sections), _expect(entry, where),
-                  {name: _text(status, name, f"{where}.status") for name in STATUS_FIELDS})
+                  {name: _text(status, name, f"{where}.status") for name in STATUS_FIELDS},
+                  *_run(entry, where))
         if bug.buggy.version == bug.fixed.version:
             raise CatalogueError(f"{where}: the buggy and the fixed release are the same, {bug.buggy.version}")
         bugs.append(bug)

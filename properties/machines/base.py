@@ -138,11 +138,14 @@ def block_states(rows: Sequence[Any], what: str) -> tuple[BlockState, ...]:
 def rows_by_position(keys: np.ndarray, values: np.ndarray, positions: Any, *, axis: int,
                      prefix: str = "") -> dict[str, Any]:
     """Each key and value row of ``keys`` and ``values`` (along ``axis``) by its position: what an accepted call
-    must keep (``policy.Held``)."""
+    must keep (``policy.Held``). A cache left inconsistent by a call it accepted unclaimed may show fewer value
+    rows than key rows (or than positions): a row it does not show is not held, so never a suite error."""
     rows: dict[str, Any] = {}
     for index, position in enumerate(np.asarray(positions).tolist()):
-        rows[f"{prefix}key row at position {position}"] = np.take(keys, index, axis=axis)
-        rows[f"{prefix}value row at position {position}"] = np.take(values, index, axis=axis)
+        if index < keys.shape[axis]:
+            rows[f"{prefix}key row at position {position}"] = np.take(keys, index, axis=axis)
+        if index < values.shape[axis]:
+            rows[f"{prefix}value row at position {position}"] = np.take(values, index, axis=axis)
     return rows
 
 
