@@ -38,6 +38,9 @@
 - traces: every trace of ``properties/regressions`` replayed against the mutant
   it was recorded from (must diverge at the recorded step) and against the
   reference adapter it mutates (must conform), seconds per replay (median of 3).
+- shipped: KV-cache bugs that shipped in real releases (bench/shipped/catalogue.toml), the plain command on the
+  last release with each and the first with its fix, each in a cached environment: caught, quiet on the fix,
+  seconds, the shrunk trace's steps (bench/shipped/runner.py; hours cold; only with --only).
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 """
@@ -540,15 +543,24 @@ def bench_causes(runs: int = 3) -> None:
             print(f"    {cause['label'][:70]:70} rule {cause['rule']}; trace of {steps} steps")
 
 
+def bench_shipped() -> None:
+    """bench/shipped/runner.py on every runnable entry of the catalogue, with its defaults."""
+    from bench.shipped import runner
+
+    runner.main([])
+
+
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes}
+           "causes": bench_causes, "shipped": bench_shipped}
+ON_REQUEST = ("shipped",)  # hours, not minutes: only with --only
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated: " + ", ".join(BENCHES))
+    parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
+                        help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
     for name in parser.parse_args().only.split(","):
         BENCHES[name.strip()]()
         print()

@@ -12,7 +12,16 @@ import pytest
 from impl.conformance import ReferenceAdapter
 from kvcache_conformance.judge.calls import Inputs
 from kvcache_conformance.judge.failures import STATE_CHANGED, NonConformance, kind_of
-from kvcache_conformance.judge.policy import ACCEPTED_CHANGED_HELD, VALID, Due, Expect, Held, judge_call, kept, unchanged
+from kvcache_conformance.judge.policy import (
+    ACCEPTED_CHANGED_HELD,
+    VALID,
+    Due,
+    Expect,
+    Held,
+    judge_call,
+    kept,
+    unchanged,
+)
 from kvcache_conformance.machines.layer_steps import held_rows
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.run import selection
