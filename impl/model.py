@@ -19,6 +19,7 @@ import numpy as np
 
 from .errors import ContextFull, InvalidModelConfig, MalformedBatch, SequenceOperationRefused
 from .rope import RopeConfig
+from .storage import BLOCK_FORMATS, stored_in_blocks
 
 COPY_POLICIES = ("merge", "replace", "whole_only")
 _LAYER_ARRAYS = ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -154,8 +155,8 @@ class ModelContext:
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None) -> None:
-        if kv_dtype is not None and kv_dtype not in DTYPES:
-            raise InvalidModelConfig(f"kv_dtype must be one of {DTYPES}, got {kv_dtype!r}")
+        if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
+            raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
                 not unified and cells < max_sequences):
             raise InvalidModelConfig(f"cells {cells!r} and max_sequences {max_sequences!r} must be ints >= 1 "
@@ -163,11 +164,14 @@ class ModelContext:
         if copy_into_nonempty not in COPY_POLICIES:
             raise InvalidModelConfig(f"copy_into_nonempty must be one of {COPY_POLICIES}")
         s = model.shape
+        if kv_dtype in BLOCK_FORMATS and s.head_width % 32:
+            raise InvalidModelConfig(f"a {kv_dtype} cache stores blocks of 32 features: head width {s.head_width}")
         self.model, self.unified, self.sequences = model, bool(unified), max_sequences
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
-        self.kv_dtype = model.dtype if kv_dtype is None else np.dtype(kv_dtype)
+        self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
+        self.kv_dtype = model.dtype if kv_dtype is None or self.kv_blocks else np.dtype(kv_dtype)
         self.keys = np.zeros((streams, s.layers, self.capacity, s.kv_heads, s.head_width), dtype=self.kv_dtype)
         self.values = np.zeros_like(self.keys)
         self.positions = np.full((streams, self.capacity), -1, dtype=np.int64)
@@ -233,6 +237,8 @@ class ModelContext:
         return result
 
     def _as_stored(self, rows: np.ndarray) -> np.ndarray:
+        if self.kv_blocks is not None:
+            return stored_in_blocks(rows, self.kv_blocks).astype(self.kv_dtype)
         return rows.astype(self.kv_dtype)
 
     def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
@@ -339,7 +345,7 @@ class ModelContext:
         moved = new_positions[picked] - self.positions[stream, picked]
         for layer in range(self.model.shape.layers):  # read back, re-rotated in the model's dtype, stored again
             held = self.keys[stream, layer, picked].astype(self.model.dtype)
-            self.keys[stream, layer, picked] = self.model.rotate(held, moved)
+            self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(held, moved))
         self.positions[stream, picked] = new_positions[picked]
         gone = picked[new_positions[picked] < 0]
         self.members[stream, gone] = False

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import errors
 from .model import LlamaModel, ModelContext, SequenceState
+from .storage import BLOCK_FORMATS
 
 MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.ContextFull: "full",
@@ -113,8 +114,20 @@ class LowPrecisionModelAdapter(ModelReferenceAdapter):
     def __init__(self, dtype: str, kv_storage: str) -> None:
         self.dtype, self.kv_storage = dtype, kv_storage
         self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}]"
+        if kv_storage in BLOCK_FORMATS:  # a head row is whole blocks of 32
+            self.model_limits = {"head_width_multiple": 32}
 
 
 def make_float32_model_adapter() -> LowPrecisionModelAdapter:
     """Float32 computation, float16 cache: llama.cpp's default configuration."""
     return LowPrecisionModelAdapter("float32", "float16")
+
+
+def make_q8_0_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over llama.cpp's q8_0 cache (``--cache-type-k q8_0 --cache-type-v q8_0``)."""
+    return LowPrecisionModelAdapter("float32", "q8_0")
+
+
+def make_q4_0_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over llama.cpp's q4_0 cache."""
+    return LowPrecisionModelAdapter("float32", "q4_0")

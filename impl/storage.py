@@ -123,3 +123,28 @@ class StorageRule:
         quantized = np.clip(np.rint(grouped / step) + zero, 0, levels).astype(np.uint8)
         stored: np.ndarray = np.reshape((quantized - zero) * step, rows.shape)
         return stored
+
+
+BLOCK_FORMATS = ("q8_0", "q4_0")  # llama.cpp's: a float16 scale per 32 consecutive features of a row
+
+
+def stored_in_blocks(rows: np.ndarray, block_format: str) -> np.ndarray:
+    """What a ``q8_0`` or ``q4_0`` cache reads back of ``rows [..., dh]`` (dh a multiple of 32), quantized in
+    float32 as llama.cpp's ``quantize_row_q8_0_ref`` / ``quantize_row_q4_0_ref`` do: the scale rounded to
+    float16 when stored, the levels found with the unrounded one."""
+    if block_format not in BLOCK_FORMATS:
+        raise ValueError(f"block format must be one of {BLOCK_FORMATS}, got {block_format!r}")
+    if rows.shape[-1] % 32:
+        raise ValueError(f"{block_format} needs rows of whole blocks of 32, got {rows.shape[-1]} features")
+    x = rows.astype(np.float32).reshape(*rows.shape[:-1], rows.shape[-1] // 32, 32)
+    if block_format == "q8_0":
+        d = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
+    else:  # the value of largest magnitude (the first of a tie) maps to level -8
+        d = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1) / np.float32(-8)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    if block_format == "q8_0":
+        levels = np.clip(np.trunc(x * inverse + np.copysign(np.float32(0.5), x)), -127, 127)  # roundf, an int8
+    else:
+        levels = np.minimum(np.float32(15), np.floor(x * inverse + np.float32(8.5))) - np.float32(8)
+    read_back = levels * d.astype(np.float16).astype(np.float32)
+    return read_back.reshape(rows.shape).astype(rows.dtype)

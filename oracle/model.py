@@ -29,6 +29,7 @@ from .attention import Vector, rope_rotate, softmax
 from .config import OracleInputError
 from .model_config import ContextConfig, ModelBatch, ModelConfig, ModelWeights
 from .numbers import FLOAT64, NumberSystem
+from .storage import BLOCK, BLOCK_FORMATS, StorageFormat
 
 Matrix = list[Vector]  # (out, in): row o holds the weights of output o
 KvStorage = Callable[[Vector], Vector]  # a rotated key or a value head row -> what the cache holds of it
@@ -389,14 +390,25 @@ def full_model(tokens: Sequence[int], config: ModelConfig, weights: ModelWeights
 def kv_storage_of(dtype: str, numbers: NumberSystem) -> KvStorage | None:
     """What a cache of element type ``dtype`` holds of a head row of ``numbers`` scalars (None: float64, exact).
 
-    ``float32``, ``float16``, ``bfloat16``: each element rounded to nearest. (Block formats such as llama.cpp's
-    ``q8_0`` and ``q4_0`` -- one scale per 32 consecutive features of a token's row -- would enter here too,
-    as a function of the whole ``[KV*dh]`` row: see docs/spec.md §15.6.)
+    ``float32``, ``float16``, ``bfloat16``: each element rounded to nearest. ``q8_0``, ``q4_0``: llama.cpp's
+    block formats, one float16 scale per 32 consecutive features (``storage.StorageFormat``); a head row is a
+    whole number of blocks (the head width a multiple of 32), so its blocks are those of the token's whole row.
     """
     if dtype == "float64":
         return None
+    if dtype in BLOCK_FORMATS:
+        blocks = StorageFormat(dtype, "per_block")
+
+        def stored(row: Vector) -> Vector:
+            if len(row) % BLOCK:
+                raise OracleInputError(f"{dtype} stores blocks of {BLOCK} features; a head row of {len(row)} is "
+                                       "not a whole number of them")
+            floats = np.array([numbers.to_float(v) for v in row], dtype=np.float64)
+            return [numbers.number(float(v)) for v in blocks.stored(floats)]
+        return stored
     if dtype not in ("float32", "float16", "bfloat16"):
-        raise OracleInputError(f"kv storage must be float64, float32, float16 or bfloat16, got {dtype!r}")
+        raise OracleInputError(f"kv storage must be float64, float32, float16, bfloat16, q8_0 or q4_0, got "
+                               f"{dtype!r}")
     if dtype == "bfloat16":
         import ml_dtypes
 

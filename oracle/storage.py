@@ -28,7 +28,15 @@ rounding is written once here, in float64 numpy, from the definitions:
   the zero point ``z = rint(-lo / s)``, stored
   ``clip(rint(x / s) + z, 0, levels)``, read back ``(q - z) * s``. The
   grid is ``lo`` moved by less than half a step, so the far end of the
-  group may be clipped: every element is within half a step all the same.
+  group may be clipped: every element is within half a step all the same;
+- a block format (llama.cpp's ``q8_0``, ``q4_0``) has one scale ``d`` for each
+  block of 32 consecutive features of each token (``per_block``), itself
+  stored in float16: ``q8_0`` takes ``d = amax / 127`` and stores
+  ``round(x / d)``; ``q4_0`` takes ``d`` = the block's value of largest
+  magnitude (the first, if two tie) over -8 and stores
+  ``min(15, floor(x / d + 8.5))``, read back ``(q - 8) * d``: the value of
+  largest magnitude is exact. Both round half away from zero, as C's
+  ``roundf``, and quantize with the unrounded ``d``, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ import numpy as np
 FLOAT_FORMATS = ("float16", "bfloat16", "float8_e4m3fn")
 INTEGER_FORMATS = {"int8": 127, "int4": 7}
 AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
-SCALES = ("none", "per_tensor", "per_channel", "per_group")
+BLOCK_FORMATS = {"q8_0": 127, "q4_0": 8}  # the largest level: d = amax / 127; d = (value of largest magnitude) / -8
+BLOCK = 32  # features a block of a block format
+SCALES = ("none", "per_tensor", "per_channel", "per_group", "per_block")
 UPDATES = ("recomputed", "frozen")
 ZERO_POINTS = ("minimum", "level")  # affine groups: the grid starts at the group's minimum, or holds 0 on a level
 
@@ -72,7 +82,7 @@ class StorageFormat:
     zero_point: str = "minimum"  # per_group: "level" puts the zero point on a level (0 exact, the range holds 0)
 
     def __post_init__(self) -> None:
-        formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS)
+        formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS, *BLOCK_FORMATS)
         if self.format not in formats:
             raise ValueError(f"storage format must be one of {formats}, got {self.format!r}")
         if self.scale not in SCALES:
@@ -86,6 +96,11 @@ class StorageFormat:
         if (self.format in AFFINE_FORMATS) != (self.scale == "per_group"):
             raise ValueError(f"per_group scales go with the affine formats {tuple(AFFINE_FORMATS)}, and only with "
                              f"them; got {self.format} with {self.scale}")
+        if (self.format in BLOCK_FORMATS) != (self.scale == "per_block"):
+            raise ValueError(f"per_block scales go with the block formats {tuple(BLOCK_FORMATS)}, and only with "
+                             f"them; got {self.format} with {self.scale}")
+        if self.scale == "per_block" and self.update != "recomputed":
+            raise ValueError("a per_block scale is each token's own: nothing to freeze")
         if self.scale == "per_group":
             if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1:
                 raise ValueError(f"per_group needs group, the features a group (an int >= 1), got {self.group!r}")
@@ -106,15 +121,20 @@ class StorageFormat:
             return float(INTEGER_FORMATS[self.format])
         if self.format in AFFINE_FORMATS:
             return float(AFFINE_FORMATS[self.format])
+        if self.format in BLOCK_FORMATS:
+            return float(BLOCK_FORMATS[self.format])
         return float(_finfo(self.format).max)
 
     @property
     def unit(self) -> float:
         """One step of the format relative to the magnitude it stores: the float format's epsilon (one ulp
         at 1), or for an integer format one quantization step relative to the scale's amax (1 / qmax); for an
-        affine one, relative to the group's range (1 / levels)."""
+        affine one, relative to the group's range (1 / levels); for a block format, relative to the block's
+        amax (1 / 127, 1 / 8)."""
         if self.format in INTEGER_FORMATS:
             return 1.0 / INTEGER_FORMATS[self.format]
+        if self.format in BLOCK_FORMATS:
+            return 1.0 / BLOCK_FORMATS[self.format]
         if self.format in AFFINE_FORMATS:
             return 1.0 / AFFINE_FORMATS[self.format]
         return float(_finfo(self.format).eps)
@@ -135,6 +155,9 @@ class StorageFormat:
         if self.scale == "per_group":
             grouped, _, step = self._groups(rows)
             return np.broadcast_to(step, grouped.shape).reshape(rows.shape)
+        if self.scale == "per_block":
+            blocks, d = self._blocks(rows)
+            return np.broadcast_to(np.abs(d), blocks.shape).reshape(rows.shape)
         scale = self._scale(rows, calibration)
         if self.format in INTEGER_FORMATS:
             steps: np.ndarray = np.broadcast_to(scale, rows.shape).copy()
@@ -158,6 +181,18 @@ class StorageFormat:
         step = np.maximum((high - low) / self.largest, self.min_step)
         return grouped, low, np.where(step > 0, step, 1.0)
 
+    def _blocks(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` in blocks of 32 consecutive features, ``[..., dh / 32, 32]``, and each block's scale ``d``
+        (unrounded, keeping the last axis): ``amax / 127`` (q8_0), or the value of largest magnitude over -8."""
+        if rows.shape[-1] % BLOCK:
+            raise ValueError(f"{self.format} stores blocks of {BLOCK} features: a head of {rows.shape[-1]} is not "
+                             "a whole number of them")
+        blocks = rows.reshape(*rows.shape[:-1], -1, BLOCK)
+        if self.format == "q8_0":
+            return blocks, np.max(np.abs(blocks), axis=-1, keepdims=True) / self.largest
+        first_largest = np.argmax(np.abs(blocks), axis=-1)[..., None]
+        return blocks, np.take_along_axis(blocks, first_largest, axis=-1) / -self.largest
+
     def _scale(self, rows: np.ndarray, calibration: np.ndarray | None) -> np.ndarray:
         if self.update == "frozen" and calibration is None:
             raise ValueError("a frozen scale needs the calibration rows of the first update")
@@ -178,6 +213,17 @@ class StorageFormat:
             grouped, low, step = self._groups(rows)
             stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, self.largest) * step)
             return stored.reshape(rows.shape)
+        if self.scale == "per_block":
+            blocks, d = self._blocks(rows)
+            inverse = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+            kept = d.astype(np.float16).astype(np.float64)  # the scale as the block stores it
+            if self.format == "q8_0":
+                scaled = blocks * inverse
+                levels = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)  # roundf: half away from zero
+            else:
+                levels = np.minimum(15.0, np.floor(blocks * inverse + 8.5)) - 8.0
+            block_stored: np.ndarray = levels * kept
+            return block_stored.reshape(rows.shape)
         scale = self._scale(rows, calibration)
         scaled = np.clip(rows / scale, -self.largest, self.largest)  # saturate, as casts to fp8 should
         if self.format in INTEGER_FORMATS:

@@ -321,10 +321,12 @@ class VocabFromThree(ReferenceAdapter):
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
 
 
-def _low_precision(kv_storage: str) -> Declared:
-    """float32 computation over a float16 cache (llama.cpp's default), declaring the cache ``kv_storage``."""
-    return Declared(f"model-float32-kv-{kv_storage}", MODEL_ONLY, LowPrecisionModelAdapter("float32", "float16"),
-                    layer_caches=False, dtype="float32", kv_storage=kv_storage)
+def _low_precision(kv_storage: str, stored: str = "float16") -> Declared:
+    """float32 computation over a cache of ``stored`` (float16: llama.cpp's default), declaring it ``kv_storage``;
+    head widths of whole blocks of 32 where either is a block format (q8_0, q4_0)."""
+    blocks = {"model_limits": {"head_width_multiple": 32}} if {kv_storage, stored} & {"q8_0", "q4_0"} else {}
+    return Declared(f"model-float32-kv-{kv_storage}", MODEL_ONLY, LowPrecisionModelAdapter("float32", stored),
+                    layer_caches=False, dtype="float32", kv_storage=kv_storage, **blocks)
 
 
 MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
@@ -340,6 +342,8 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                        model_policy={**ReferenceAdapter.model_policy,
                                                                      "negative_shift": "not_drawn"}),
     "model-float32-kv-float16": lambda: _low_precision("float16"),
+    "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
+    "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
     "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
                                                model_limits={"min_vocab": 3}),
 }
@@ -354,6 +358,8 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-negative-shift-claims-removed": (lambda: Declared("twin-model-no-negative-shift", REFERENCE,
                                                              NoNegativeShift()), "model", {}, "expected success"),
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
+    "model-q8_0-kv-claims-float16": (lambda: _low_precision("float16", "q8_0"), "model", {}, ""),
+    "model-q4_0-kv-claims-q8_0": (lambda: _low_precision("q8_0", "q4_0"), "model", {}, ""),
     "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
                                           "model", {}, "unexpected exception"),  # a 2-token model refused
 }

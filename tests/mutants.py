@@ -28,7 +28,7 @@ class Mutant:
     why: str
     machine: str = "layer cache"  # the machine that kills it (runs_for)
     undeclared: tuple[str, ...] = ()  # capabilities its adapter no longer declares
-    factory: str = "make_adapter"  # the adapter factory of impl/conformance.py it runs behind
+    factory: str = "make_adapter"  # the adapter factory of impl/conformance.py it runs behind ("module:name" elsewhere)
     examples: int = 100  # the ci profile's budget, raised only for a mutant that hides in a narrow corner (say why)
 
 
@@ -670,7 +670,7 @@ MODEL_MUTANTS = (
            (("        self.members[..., seq] = kept\n", "        self.members[0, :, seq] = kept[0]\n"),),
            "keep in a per-sequence context keeps the sequence's cells of the first store only", "model"),
     Mutant("model_shift_not_re_rotated", "model.py",
-           (("self.keys[stream, layer, picked] = self.model.rotate(held, moved)",
+           (("self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(held, moved))",
              "self.keys[stream, layer, picked] = held"),),
            "a shift moves positions but leaves the stored keys rotated at the old ones", "model"),
     Mutant("model_shift_rotates_backwards", "model.py",
@@ -700,6 +700,15 @@ MODEL_MUTANTS = (
            (("    def clear(self) -> None:\n        self.members[:] = False\n",
              "    def clear(self) -> None:\n        self.members[0] = False\n"),),
            "clear empties only the first store of a per-sequence context", "model"),
+    Mutant("model_q8_0_scale_of_the_first_block", "storage.py",
+           (("        d = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)\n",
+             "        d = np.abs(x[..., :1, :]).max(axis=-1, keepdims=True) / np.float32(127)\n"),),
+           "declares a q8_0 cache, but scales every block of a row by its first block's: larger values clip",
+           "model", factory="model_conformance:make_q8_0_model_adapter"),
+    Mutant("model_q4_0_read_back_without_the_offset", "storage.py",
+           (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
+           "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
+           "model", factory="model_conformance:make_q4_0_model_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 
@@ -732,7 +741,8 @@ def build(mutant: Mutant, directory: Path, *also: Mutant) -> str:
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     importlib.invalidate_caches()
-    return f"{package}.conformance:{mutant.factory}"
+    module, _, factory = mutant.factory.rpartition(":")
+    return f"{package}.{module or 'conformance'}:{factory}"
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,30 @@ def test_the_low_precision_baseline_is_near_and_not_exact() -> None:
         assert 0 < error < 0.05, (numbers.name, storage, error)
     assert kv_storage_of("float64", FLOAT64) is None
     with pytest.raises(OracleInputError):
-        kv_storage_of("q8_0", FLOAT64)
+        kv_storage_of("q5_1", FLOAT64)
+
+
+def test_a_block_format_stores_whole_blocks_of_32_within_one_quantization_step() -> None:
+    """q8_0 and q4_0 (llama.cpp's): one float16 scale per 32 features; q4_0's value of largest magnitude is
+    exact; a head row that is not whole blocks is an input error, never a silent partial block."""
+    row = [float(v) for v in np.random.default_rng(3).normal(size=64)]
+    for storage, step in (("q8_0", 1 / 127), ("q4_0", 1 / 8)):
+        stored = np.array(kv_storage_of(storage, FLOAT64)(row))
+        for block in (slice(0, 32), slice(32, 64)):
+            amax = np.abs(row[block]).max()
+            assert 0 < np.abs(stored[block] - row[block]).max() <= step * amax * 1.001, storage
+        if storage == "q4_0":
+            largest = int(np.argmax(np.abs(row[:32])))
+            assert abs(stored[largest] - row[largest]) <= 1e-3 * abs(row[largest])  # its float16 scale only
+    with pytest.raises(OracleInputError, match="blocks of 32"):
+        kv_storage_of("q8_0", FLOAT64)(row[:16])
+    config = dataclasses.replace(MODEL_PRESETS["tiny"], head_width=32)
+    weights = random_model_weights(config, 8)
+    exact = full_model(TOKENS, config, weights)
+    errors = [np.abs(full_model(TOKENS, config, weights, numbers=numpy_precision("float32"),
+                                kv_storage=kv_storage_of(storage, numpy_precision("float32"))) - exact).max()
+              for storage in ("float16", "q8_0", "q4_0")]
+    assert 0 < errors[0] < errors[1] < errors[2], errors  # coarser formats, larger errors
 
 
 # -- the cell model ----------------------------------------------------------------------------------------------

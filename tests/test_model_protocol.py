@@ -59,7 +59,20 @@ def test_kv_storage_defaults_to_the_dtype_and_is_checked() -> None:
     assert declared_kv_storage(adapter()) == "float64"
     assert declared_kv_storage(adapter(dtype="float32")) == "float32"
     assert declared_kv_storage(adapter(dtype="float32", kv_storage="float16")) == "float16"
-    assert declaration_problems(adapter(kv_storage="q8_0"))
+    assert declaration_problems(adapter(kv_storage="q8_0"))  # a block format under float64
+    assert declaration_problems(adapter(kv_storage="q5_1"))
+
+
+def test_a_block_format_cache_needs_head_widths_of_whole_blocks() -> None:
+    """q8_0 and q4_0 store 32 features a scale: the suite draws only head widths that are whole blocks, so the
+    adapter says so (llama.cpp refuses others); without it the declaration is a problem, not a suite error."""
+    for kv in ("q8_0", "q4_0"):
+        for limits in (None, {"head_width_multiple": 16}):
+            with pytest.raises(ValueError, match="head_width_multiple 32"):
+                declared_kv_storage(adapter(dtype="float32", kv_storage=kv, model_limits=limits))
+        for multiple in (32, 64):
+            assert declared_kv_storage(adapter(dtype="float32", kv_storage=kv,
+                                               model_limits={"head_width_multiple": multiple})) == kv
 
 
 def test_sequence_operations_need_whole_model() -> None:

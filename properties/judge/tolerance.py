@@ -78,7 +78,7 @@ import numpy as np
 
 from ..oracle import COMPONENTS, FLOAT64, NumberSystem, StorageFormat, mixed_precision, numpy_precision
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
-from ..protocol.model import declared_kv_storage
+from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_storage
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -131,7 +131,8 @@ class Judge:
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
         kv = declared_kv_storage(adapter)
-        return cls(dtype, oracle, components=components, storage=StorageFormat(kv) if kv != dtype else None)
+        scale = "per_block" if kv in BLOCK_KV_STORAGES else "none"
+        return cls(dtype, oracle, components=components, storage=StorageFormat(kv, scale) if kv != dtype else None)
 
     @property
     def kv_storage(self) -> str:
@@ -153,7 +154,8 @@ class Judge:
             rule = self.storage
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
                      + (", zero point on a level" if rule.zero_point == "level" else "")
-                     if rule.scale == "per_group" else f"scale {rule.scale}, {rule.update}")
+                     if rule.scale == "per_group" else "blocks of 32, float16 scales" if rule.scale == "per_block"
+                     else f"scale {rule.scale}, {rule.update}")
             return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "
                     f"+ {STORAGE_FLOOR_UNITS:g} {rule.format} unit(s) at the expected magnitude"

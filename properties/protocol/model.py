@@ -30,8 +30,8 @@ engine that reports by return value (``llama_memory_seq_rm`` returning false, ``
 nothing (docs/spec.md §5.1, judged by the logits of what comes next).
 
 What an adapter declares besides its capabilities: ``dtype`` (the computation, e.g. ``"float32"``),
-``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``;
-default: the dtype), ``model_limits`` (``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
+``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``, or
+llama.cpp's block formats ``"q8_0"``, ``"q4_0"``; default: the dtype), ``model_limits`` (``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ SEQUENCE_OPERATIONS = {"seq_remove": ("seq_remove",), "seq_copy": ("seq_copy",),
                        "seq_state": ("save_sequence", "load_sequence")}
 MODEL_METHODS = ("create_model", "create_context", "context_cells", "decode_batch", "clear", "seq_pos_min",
                  "seq_pos_max", "can_shift")
-KV_STORAGES = ("float64", "float32", "float16", "bfloat16")
-NARROW_KV_STORAGES = ("float16", "bfloat16")  # judged as a storage format (docs/spec.md §13.6) under the dtype
+KV_STORAGES = ("float64", "float32", "float16", "bfloat16", "q8_0", "q4_0")
+# judged as a storage format (docs/spec.md §13.6) under the dtype; the block formats store 32 features a scale
+NARROW_KV_STORAGES = ("float16", "bfloat16", "q8_0", "q4_0")
+BLOCK_KV_STORAGES = {"q8_0": 32, "q4_0": 32}
 
 CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / False
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
@@ -189,7 +191,8 @@ class ModelLimits:
 
 def declared_kv_storage(adapter: Any) -> str:
     """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked: the dtype
-    itself, or float16 / bfloat16 under a wider computation (docs/spec.md §15.6)."""
+    itself, or float16 / bfloat16 / q8_0 / q4_0 under a wider computation (docs/spec.md §15.6); a block
+    format needs head widths that are whole blocks (``model_limits`` ``head_width_multiple``)."""
     dtype = str(getattr(adapter, "dtype", "float64"))
     storage = str(getattr(adapter, "kv_storage", None) or dtype)
     if storage not in KV_STORAGES:
@@ -197,6 +200,11 @@ def declared_kv_storage(adapter: Any) -> str:
     if storage != dtype and storage not in NARROW_KV_STORAGES:
         raise ValueError(f"kv_storage {storage!r} under dtype {dtype!r}: a cache is the dtype itself, or one of "
                          f"{NARROW_KV_STORAGES} under a wider computation")
+    block = BLOCK_KV_STORAGES.get(storage)
+    multiple = ModelLimits.of(adapter).head_width_multiple
+    if block is not None and (multiple is None or multiple % block):
+        raise ValueError(f"kv_storage {storage!r} stores blocks of {block} features of a head row: declare "
+                         f"model_limits head_width_multiple {block} (or a multiple of it), got {multiple!r}")
     return storage
 
 
