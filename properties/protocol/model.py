@@ -31,7 +31,8 @@ nothing (docs/spec.md §5.1, judged by the logits of what comes next).
 
 What an adapter declares besides its capabilities: ``dtype`` (the computation, e.g. ``"float32"``),
 ``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``, or
-llama.cpp's block formats ``"q8_0"``, ``"q4_0"``; default: the dtype), ``model_limits`` (``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
+llama.cpp's block formats ``"q8_0"``, ``"q4_0"``; default: the dtype), ``model_limits`` (``ModelLimits``)
+and ``model_policy`` (``ModelPolicy``).
 """
 
 from __future__ import annotations
