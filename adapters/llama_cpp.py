@@ -38,7 +38,7 @@ from kvcache_conformance.protocol.model import ContextConfig, ModelBatch, ModelC
 
 LLAMA_CPP_PYTHON = "0.3.36"
 CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0")
-KV_STORAGE_OF = {"f32": "float32", "f16": "float16"}  # the declarable ones (docs/spec.md §15.6)
+KV_STORAGE_OF = {"f32": "float32", "f16": "float16", "q8_0": "q8_0", "q4_0": "q4_0"}  # docs/spec.md §15.6
 MAX_BATCH = 512  # n_batch = n_ubatch: a batch is decoded as one ubatch, so all or nothing
 INT32 = (-(2**31), 2**31 - 1)
 
@@ -114,6 +114,9 @@ class LlamaCppConfig:
     cache_type: str = "f32"
     flash_attn: bool = False
     contexts: tuple[str, ...] = ("unified", "per_sequence")
+    # llama.cpp multiplies each head's rows by a Walsh-Hadamard matrix before a quantized cache stores them when
+    # the head width is a multiple of 64; False sets LLAMA_ATTN_ROT_DISABLE=1 (read when a context is made).
+    rotation: bool = True
 
     def __post_init__(self) -> None:
         if self.cache_type not in CACHE_TYPES:
@@ -190,14 +193,20 @@ class LlamaCppAdapter:
         self.engine = engine or LlamaCppConfig()
         self.name = (f"llama-cpp-python[{self.engine.cache_type}{',flash' if self.engine.flash_attn else ''}"
                      f"{'' if len(self.engine.contexts) == 2 else ',' + self.engine.contexts[0]}]")
-        self.kv_storage = KV_STORAGE_OF.get(self.engine.cache_type)  # None: q8_0, q4_0 (not yet declarable)
+        self.kv_storage = KV_STORAGE_OF[self.engine.cache_type]
         if self.engine.flash_attn and self.kv_storage == "float32":  # its CPU kernel reads K and V as f16
             self.kv_storage = "float16"
         self.model_policy = {"contexts": list(self.engine.contexts), "shared_copies": True,
                              "copy_unified": "merge", "copy_per_sequence": "whole_only",
                              "negative_shift": "removed"}
         if self.engine.cache_type in ("q8_0", "q4_0"):
-            self.model_limits = {**self.model_limits, "head_width_multiple": 32}
+            # Blocks of 32 along a row; with the rotation on, head widths below 64, where it does not apply
+            # (spec §15.6 judges the block formats of unrotated rows).
+            self.model_limits = {**self.model_limits, "head_width_multiple": 32,
+                                 **({"max_head_width": 32} if self.engine.rotation else {})}
+            self.name = self.name[:-1] + ("" if self.engine.rotation else ",no rotation") + "]"
+        if not self.engine.rotation:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
 
     # -- models and contexts --
 
@@ -333,6 +342,20 @@ def make_per_sequence_adapter() -> LlamaCppAdapter:
     return LlamaCppAdapter(LlamaCppConfig(contexts=("per_sequence",)))
 
 
+def make_q8_0_adapter() -> LlamaCppAdapter:
+    """q8_0 keys and values (flash attention, which a quantized V needs); head width 32, the rotation off."""
+    return LlamaCppAdapter(LlamaCppConfig(cache_type="q8_0", flash_attn=True))
+
+
+def make_q4_0_adapter() -> LlamaCppAdapter:
+    return LlamaCppAdapter(LlamaCppConfig(cache_type="q4_0", flash_attn=True))
+
+
+def make_q8_0_no_rotation_adapter() -> LlamaCppAdapter:
+    """q8_0 with LLAMA_ATTN_ROT_DISABLE=1: head widths 32 and 64."""
+    return LlamaCppAdapter(LlamaCppConfig(cache_type="q8_0", flash_attn=True, rotation=False))
+
+
 def make_isolated_adapter() -> Isolated:
     """``make_adapter`` in a child process: an engine abort is a "crash" verdict, not the end of the run."""
     return isolated("adapters.llama_cpp:make_adapter")
@@ -352,3 +375,15 @@ def make_isolated_unified_adapter() -> Isolated:
 
 def make_isolated_per_sequence_adapter() -> Isolated:
     return isolated("adapters.llama_cpp:make_per_sequence_adapter")
+
+
+def make_isolated_q8_0_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_q8_0_adapter")
+
+
+def make_isolated_q4_0_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_q4_0_adapter")
+
+
+def make_isolated_q8_0_no_rotation_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_q8_0_no_rotation_adapter")

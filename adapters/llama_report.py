@@ -42,6 +42,9 @@ PLAN = (
     Run("flash", "make_isolated_flash_adapter", in_ci=False),  # flash attention: an f32 cache computed in f16
     Run("unified", "make_isolated_unified_adapter", in_ci=False),
     Run("per_sequence", "make_isolated_per_sequence_adapter", in_ci=False),
+    Run("q8_0", "make_isolated_q8_0_adapter", in_ci=False),  # block formats (flash attention), head width 32
+    Run("q4_0", "make_isolated_q4_0_adapter", in_ci=False),
+    Run("q8_0_no_rotation", "make_isolated_q8_0_no_rotation_adapter", in_ci=False),  # LLAMA_ATTN_ROT_DISABLE=1
 )
 
 
