@@ -233,6 +233,17 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def markdown(outcomes: list[Outcome]) -> str:
+    """The table of docs/shipped-bugs.md."""
+    lines = ["| bug | library | releases | expected | caught | quiet on the fix | first failure s | steps | cause |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        lines.append(f"| `{o.bug}` | {o.library} | {o.releases} | {o.expected} | {o.caught} | {o.quiet} | "
+                     f"{'' if o.seconds is None else f'{o.seconds:.0f}'} | {o.trace_steps or ''} | "
+                     f"{(o.cause or '').replace('|', '/')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.shipped.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bug", action="append", default=None, help="only this entry (repeatable)")
@@ -243,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="store_true", help="run nothing: the table of the reports kept")
     parser.add_argument("--no-stronger", action="store_true", help=f"no {STRONGER} run where {PROFILE} misses")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per release's run")
+    parser.add_argument("--markdown", action="store_true", help="print the table as docs/shipped-bugs.md has it")
     options = parser.parse_args(argv)
     bugs = [bug for bug in catalogue.load() if (options.bug is None or bug.id in options.bug)
             and options.library in (None, bug.library)]
@@ -262,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     (options.out / "outcomes.json").parent.mkdir(parents=True, exist_ok=True)
     (options.out / "outcomes.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     print(table(outcomes))
+    if options.markdown:
+        print(markdown(outcomes))
     unrun = [bug for bug in bugs if bug.run is None]
     if unrun:
         print(f"not runnable here ({len(unrun)}): " + ", ".join(bug.id for bug in unrun))
