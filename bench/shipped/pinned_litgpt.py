@@ -22,6 +22,7 @@ the published ``make_adapter``'s without ``rope_interleaved``, the same on every
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -90,3 +91,25 @@ def make_adapter() -> PreInterleaveAdapter:
     """litgpt 0.5.11 / 0.5.12 as is (RoPE table in float32, declared as ``mixed_precision``), half-split only."""
     return PreInterleaveAdapter()
 
+
+
+class WholePromptAdapter(PreInterleaveAdapter):
+    """As ``PreInterleaveAdapter``, with every prefill one litgpt forward of the whole prompt, as litgpt's own
+    ``generate`` passes it. Not the catalogue's adapter: it shows what the W-chunks hide. On 0.5.12 a prompt longer
+    than the ring wraps inside one write (the bug of litgpt-prefill-overwrites-ring); on 0.5.13 the same prefill
+    is refused with litgpt's ValueError before any write, which no declaration lets the suite allow."""
+
+    name = "litgpt-kvcache-pre-0.5.13-whole-prompt"
+
+    def prefill(self, session: Session, tokens: Any) -> np.ndarray:
+        window = session.decoder.config.window
+        session.decoder.config = replace(session.decoder.config, window=None)  # the chunk size: the whole prompt
+        try:
+            return super().prefill(session, tokens)
+        finally:
+            session.decoder.config = replace(session.decoder.config, window=window)
+
+
+def make_whole_prompt_adapter() -> WholePromptAdapter:
+    """litgpt 0.5.12 / 0.5.13 with prompts in one forward (exploratory; see ``WholePromptAdapter``)."""
+    return WholePromptAdapter()
