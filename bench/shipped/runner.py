@@ -5,9 +5,10 @@
     python -m bench.shipped.runner --library transformers --reuse   # keep the reports already made
     python -m bench.shipped.runner --table                   # only print the table of the reports kept
 
-Each release runs in its own cached environment (``environments.py``) with ``HYPOTHESIS_PROFILE=ci``, one
-process, the entry's adapter and properties, a report of its own, and the trace corpus left out (the corpus holds
-traces of bugs this suite found in these libraries itself: it would answer for the machines). What is judged,
+Each release runs in its own cached environment (``environments.py``) with ``HYPOTHESIS_PROFILE=ci`` (and the
+entry's ``run.env``, e.g. ``KERAS_BACKEND=torch``), one process, the entry's adapter and properties, a report of
+its own, and the trace corpus left out (the corpus holds traces of bugs this suite found in these libraries
+itself: it would answer for the machines). What is judged,
 from the two reports alone:
 
 - **caught**: a cause of the buggy release's report is the entry's ``expect.cause`` (property, kind, and the rule
@@ -62,8 +63,9 @@ class ReleaseRun:
 
 def _release_key(bug: Bug, version: str, profile: str) -> dict[str, Any]:
     assert bug.run is not None
-    return {"adapter": bug.run.adapter, "install": list(bug.run.install), "tests": list(bug.run.tests),
-            "version": version, "profile": profile}
+    key = {"adapter": bug.run.adapter, "install": list(bug.run.install), "tests": list(bug.run.tests),
+           "version": version, "profile": profile}
+    return key | ({"env": dict(bug.run.env)} if bug.run.env else {})  # without one, the keys kept stay valid
 
 
 def _judged_nothing(report: dict[str, Any]) -> str | None:
@@ -101,10 +103,11 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
                f"--kv-traces={out / 'traces'}", f"--kv-examples={out / 'examples'}"]
     started = time.monotonic()
     with (out / "pytest.log").open("w") as log:
-        log.write(f"$ HYPOTHESIS_PROFILE={profile} {' '.join(command)}\n")
+        variables = {"HYPOTHESIS_PROFILE": profile, **dict(bug.run.env)}
+        log.write(f"$ {' '.join(f'{name}={value}' for name, value in variables.items())} {' '.join(command)}\n")
         log.flush()
         child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "HYPOTHESIS_PROFILE": profile})
+                                 env={**os.environ, **variables})
         try:
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
