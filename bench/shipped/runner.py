@@ -37,8 +37,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by bench/run.py's path juggling
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.shipped import catalogue, environments  # noqa: E402
-from bench.shipped.catalogue import Bug  # noqa: E402
+from bench.shipped import catalogue, environments
+from bench.shipped.catalogue import Bug
 
 ROOT = environments.ROOT
 PROFILE, STRONGER = "ci", "thorough"
@@ -62,8 +62,11 @@ class ReleaseRun:
 
 def _release_key(bug: Bug, version: str, profile: str) -> dict[str, Any]:
     assert bug.run is not None
-    return {"adapter": bug.run.adapter, "install": list(bug.run.install), "tests": list(bug.run.tests),
-            "version": version, "profile": profile}
+    key = {"adapter": bug.run.adapter, "install": list(bug.run.install), "tests": list(bug.run.tests),
+           "version": version, "profile": profile}
+    if bug.run.env:
+        key["env"] = dict(bug.run.env)
+    return key
 
 
 def _judged_nothing(report: dict[str, Any]) -> str | None:
@@ -88,7 +91,8 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
             return ReleaseRun(**previous["run"])
     result = ReleaseRun(version, profile)
     try:
-        env = environments.release(bug.library, version, list(bug.run.install), bug.run.python, bug.run.torch)
+        env = environments.release(bug.library, version, list(bug.run.install), bug.run.python, bug.run.torch,
+                                   dict(bug.run.env))
     except environments.EnvironmentBuildError as error:
         result.error = f"environment: {error}"
         return result
@@ -101,10 +105,11 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
                f"--kv-traces={out / 'traces'}", f"--kv-examples={out / 'examples'}"]
     started = time.monotonic()
     with (out / "pytest.log").open("w") as log:
-        log.write(f"$ HYPOTHESIS_PROFILE={profile} {' '.join(command)}\n")
+        variables = {**dict(bug.run.env), "HYPOTHESIS_PROFILE": profile}
+        log.write("$ " + "".join(f"{name}={value} " for name, value in variables.items()) + " ".join(command) + "\n")
         log.flush()
         child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "HYPOTHESIS_PROFILE": profile})
+                                 env={**os.environ, **variables})
         try:
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
