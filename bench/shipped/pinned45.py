@@ -18,9 +18,13 @@ mask is the model's own, ``MistralModel._prepare_4d_causal_attention_mask_with_c
 ``get_max_cache_shape()`` slots, exactly as ``MistralModel._update_causal_mask`` builds it for this cache.
 Reorder is the cache's ``reorder_cache``, fork ``copy.deepcopy``, reset its ``reset``.
 
+Without a window the cache is that era's ``StaticCache(config, max_batch_size, max_cache_len)``, under the
+same mask and count.
+
 Declared: ``float64``, ``rope_half_split``, ``gqa``, ``sliding_window_layer``, ``batch_reorder``, ``fork``.
-Not declared, because the class does not do it: ``truncate`` (a static cache has no ``crop`` before 4.54),
-``fixed_capacity`` (the slots form a window: it is never full), and ``chunked_append``: ``update`` takes
+Not declared, because the classes do not do it: ``truncate`` (a static cache has no ``crop`` before 4.54),
+``fixed_capacity`` (a window's slots are never full; ``StaticCache`` raises ``IndexError`` past its slots,
+and nothing here claims what that means), and ``chunked_append``: ``update`` takes
 ``T`` rows, but its own comment says a chunk longer than the window "only happens in prefill phase"
 ("caches are all zeros at this point"), and a chunk that crosses the window's edge writes several rows to
 the one clamped last slot; the class takes chunks only as the first write, and the suite has no declaration
@@ -38,7 +42,7 @@ import numpy as np
 import torch
 import transformers
 from torch import nn
-from transformers import MistralConfig, SlidingWindowCache
+from transformers import MistralConfig, SlidingWindowCache, StaticCache
 from transformers.models.mistral.modeling_mistral import MistralAttention, MistralModel
 
 from adapters.hf_llama import ATTENTION, DTYPE, write_weights
@@ -88,7 +92,7 @@ def _weights_of(module: MistralAttention, heads: int, kv_heads: int) -> Any:
 
 
 def _model_mask(new: int, slots: int, cache_position: torch.Tensor, batch: int, config: MistralConfig,
-                cache: SlidingWindowCache) -> torch.Tensor:
+                cache: SlidingWindowCache | StaticCache) -> torch.Tensor:
     """``MistralModel``'s own mask for ``new`` queries over ``slots`` keys, as ``_update_causal_mask`` asks for it
     (target length ``get_max_cache_shape()`` for this cache); 4.51 takes a ``device``, 4.52 reads it off
     ``cache_position``."""
@@ -114,7 +118,7 @@ class Layer:
 class Handle:
     """The transformers cache, its config, and the count of rows fed (the caller's ``cache_position``)."""
 
-    hf: SlidingWindowCache
+    hf: SlidingWindowCache | StaticCache
     config: MistralConfig
     batch: int
     fed: int = 0
@@ -129,8 +133,9 @@ class Snapshot:
 
 
 class SlidingWindowCacheAdapter:
-    """One ``MistralAttention`` over a ``SlidingWindowCache`` (a window is required: without one the class
-    refuses to be built)."""
+    """One ``MistralAttention`` over a ``SlidingWindowCache``; a cache without a window is the ``StaticCache`` of
+    the same era (``SlidingWindowCache`` refuses a config without one), so the layer machine has its full-attention
+    caches too. Neither is a ring in the write-pointer sense: slot j is position j until the window is full."""
 
     version = f"transformers {transformers.__version__}, torch {torch.__version__}, {ATTENTION}, float64 RoPE table"
     dtype = "float64"
@@ -161,7 +166,8 @@ class SlidingWindowCacheAdapter:
     def create_cache(self, layer: Layer, batch_size: int, capacity: int, window: int | None = None) -> Handle:
         config = mistral_config(layer.heads, layer.kv_heads, layer.head_width, layer.base, layer.max_positions,
                                 window)
-        cache = SlidingWindowCache(config=config, max_batch_size=batch_size, max_cache_len=capacity, dtype=DTYPE)
+        kind = StaticCache if window is None else SlidingWindowCache  # the latter refuses a config without a window
+        cache = kind(config=config, max_batch_size=batch_size, max_cache_len=capacity, dtype=DTYPE)
         return Handle(cache, config, batch_size)
 
     def step(self, layer: Layer, cache: Handle, x: np.ndarray) -> np.ndarray:
