@@ -25,7 +25,7 @@ STATUS_FIELDS = ("versions", "fix_read", "run")
 SECTION = re.compile(r"^\d+(\.\d+)?$")  # a section of docs/spec.md, "13.5" or "6"
 
 
-RUN_FIELDS = ("adapter", "install")  # required of a `run`; `tests`, `torch`, `python`, `known`, `env` have defaults
+RUN_FIELDS = ("adapter", "install")  # required of a `run` table; tests, torch, python, env, known have defaults
 PATTERN_FIELDS = ("property", "kind", "rule", "check")
 
 
@@ -63,7 +63,9 @@ class Run:
     torch: bool = False  # the environment's base has torch 2.13.0
     python: str = "3.11"
     known: tuple[CausePattern, ...] = ()  # causes the fixed release may still show: other findings, not this bug
-    env: tuple[tuple[str, str], ...] = ()  # environment variables of the pytest run (KERAS_BACKEND=torch), sorted
+    # environment variables of both the install and the run, as (name, value) pairs: only what a package needs
+    # to install or import at all (hqq 0.2.8.post1's sdist builds CUDA kernels unless DISABLE_CUDA=1)
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,9 @@ def _run(entry: dict[str, Any], where: str) -> tuple[Run | None, CausePattern | 
     if not isinstance(table.get("torch", False), bool):
         raise CatalogueError(f"{where}: `run.torch` must be true or false")
     env = table.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()):
-        raise CatalogueError(f"{where}: `run.env` must be a table of environment variables, names to strings")
+    if not isinstance(env, dict) or not all(isinstance(name, str) and name and isinstance(value, str)
+                                            for name, value in env.items()):
+        raise CatalogueError(f"{where}: `run.env` must be a table of environment variables to strings")
     run = Run(_text(table, "adapter", f"{where}.run"), tuple(lists["install"]), tuple(lists["tests"]),
               table.get("torch", False), str(table.get("python", "3.11")),
               tuple(_pattern(known, f"{where}.run.known") for known in lists["known"]), tuple(sorted(env.items())))

@@ -70,11 +70,12 @@ def _site_packages(env: Path) -> Path:
     return found[0]
 
 
-def _run(command: list[str], log: Path) -> None:
+def _run(command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     with log.open("a") as out:
-        out.write(f"$ {' '.join(command)}\n")
+        out.write("$ " + "".join(f"{name}={value} " for name, value in (env or {}).items()) + " ".join(command) + "\n")
         out.flush()
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False,
+                              env={**os.environ, **env} if env else None)
     if done.returncode != 0:
         raise EnvironmentBuildError(f"`{' '.join(command)}` exited {done.returncode}; its output: {log}")
 
@@ -88,9 +89,9 @@ def _ready(env: Path, wanted: dict[str, object]) -> bool:
 
 
 def _build(env: Path, python: str, wanted: dict[str, object], steps: list[list[str]],
-           join: Path | None = None) -> Environment:
+           join: Path | None = None, variables: dict[str, str] | None = None) -> Environment:
     """``env`` as ``wanted`` says, from scratch unless it is ready: a venv that sees ``join`` (a base's
-    site-packages, after its own), then each pip step."""
+    site-packages, after its own), then each pip step (with ``variables`` in its environment)."""
     if _ready(env, wanted):
         return Environment(env, 0.0)
     started = time.monotonic()
@@ -103,7 +104,7 @@ def _build(env: Path, python: str, wanted: dict[str, object], steps: list[list[s
         (_site_packages(env) / "kvcache-base.pth").write_text(f"import site; site.addsitedir({str(join)!r})\n")
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     for step in steps:
-        _run(pip + step, log)
+        _run(pip + step, log, variables)
     (env / READY).write_text(json.dumps(wanted, indent=1, sort_keys=True))
     return Environment(env, time.monotonic() - started)
 
@@ -116,12 +117,19 @@ def base(python: str, torch: bool) -> Environment:
     return _build(cache_root() / "envs" / name, python, wanted, steps)
 
 
-def release(library: str, version: str, install: list[str], python: str, torch: bool) -> Environment:
-    """``library`` at ``version``: ``install`` (pip requirements, ``{version}`` filled in) over its base."""
+def release(library: str, version: str, install: list[str], python: str, torch: bool,
+            variables: dict[str, str] | None = None) -> Environment:
+    """``library`` at ``version``: ``install`` (pip requirements, ``{version}`` filled in) over its base, pip run
+    with ``variables`` in its environment (a package that needs one to install)."""
     shared = base(python, torch)
     pins = [requirement.format(version=version) for requirement in install]
     wanted = {"kind": "release", "library": library, "version": version, "install": pins, "python": python,
               "base": str(shared.path)}
-    built = _build(cache_root() / "envs" / f"{library}-{version}-py{python}-{CHECKOUT}", python, wanted, [pins],
-                   join=_site_packages(shared.path))
+    if variables:
+        wanted["env"] = dict(sorted(variables.items()))
+    name = f"{library}-{version}-py{python}-{CHECKOUT}"
+    if variables or pins != [f"{library}=={version}"]:  # more than the release alone: an environment of its own
+        name += "-" + hashlib.sha1(json.dumps([pins, wanted.get("env")]).encode()).hexdigest()[:6]
+    built = _build(cache_root() / "envs" / name, python, wanted, [pins], join=_site_packages(shared.path),
+                   variables=variables)
     return Environment(built.path, built.built_seconds + shared.built_seconds)

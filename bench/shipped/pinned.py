@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from transformers.models.llama.modeling_llama import LlamaAttention
 
 from adapters import hf_caches, hf_llama
@@ -64,9 +65,33 @@ class PinnedDynamicCacheAdapter(_Bridge, hf_caches.DynamicCacheAdapter):
     """``adapters.hf_caches``'s ``DynamicCache`` adapter with bridged layers."""
 
 
+class PinnedHqqCacheAdapter(_Bridge, hf_caches.HqqCacheAdapter):
+    """``adapters.hf_caches``'s ``QuantizedCache("hqq")`` adapter with bridged layers, the same declarations.
+
+    Its snapshot reads the quantized rows through the layer's ``_apply_pending_reorder`` where the layer has one:
+    from 5.19.0 on, ``QuantizedLayer.reorder_cache`` defers the reorder of its quantized rows to the next
+    ``update``, and that method is how the layer itself presents them then. Up to 5.18.0 the layer has no
+    pending reorder (``reorder_cache`` is ``CacheLayerMixin``'s), and the quantized rows are read as stored.
+    """
+
+    def _held(self, layer: Any) -> tuple[Any, Any]:
+        keys, values = layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values)
+        pending = getattr(layer, "_apply_pending_reorder", None)
+        if pending is not None:
+            keys, values = pending(keys, values)
+        if layer.keys is not None and layer.keys.dim() == 4:
+            keys, values = torch.cat([keys, layer.keys], dim=-2), torch.cat([values, layer.values], dim=-2)
+        return keys, values
+
+
 def dynamic_cache_float64_rope() -> PinnedDecoderAdapter:
     """As ``adapters.hf_llama:dynamic_cache_float64_rope``."""
     return PinnedDecoderAdapter(float64_rope=True)
+
+
+def quantized_cache_hqq() -> PinnedHqqCacheAdapter:
+    """As ``adapters.hf_caches:quantized_cache_hqq``; needs hqq (``DISABLE_CUDA=1 pip install hqq==0.2.8.post1``)."""
+    return PinnedHqqCacheAdapter()
 
 
 def dynamic_window_past_recording() -> PinnedDynamicCacheAdapter:

@@ -92,7 +92,8 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
             return ReleaseRun(**previous["run"])
     result = ReleaseRun(version, profile)
     try:
-        env = environments.release(bug.library, version, list(bug.run.install), bug.run.python, bug.run.torch)
+        env = environments.release(bug.library, version, list(bug.run.install), bug.run.python, bug.run.torch,
+                                   dict(bug.run.env))
     except environments.EnvironmentBuildError as error:
         result.error = f"environment: {error}"
         return result
