@@ -163,8 +163,10 @@ class Outcome:
     stronger: ReleaseRun | None = None
 
 
-def _label(cause: dict[str, Any]) -> str:
-    return f"{cause['property'].rsplit('::', 1)[-1]}: {cause.get('rule')}: {cause['label']}"
+def _label(cause: dict[str, Any], rule: str | None = None) -> str:
+    """The cause as the table says it: its property, the rule (the pattern's, where it names one: the cause may
+    have been found first in another), what failed."""
+    return f"{cause['property'].rsplit('::', 1)[-1]}: {rule or cause.get('rule')}: {cause['label']}"
 
 
 def _bug_cause(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun) -> dict[str, Any] | None:
@@ -207,7 +209,8 @@ def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun |
     quiet = "error" if fixed.error else "no" if new or still else "yes"
     return Outcome(bug.id, bug.library, f"{bug.buggy.version} -> {bug.fixed.version}", bug.expect["outcome"],
                    caught, quiet, _seconds(caught_by, cause) if cause else None,
-                   _trace_steps(cause) if cause else None, _label(cause) if cause else None,
+                   _trace_steps(cause) if cause else None,
+                   _label(cause, bug.cause.rule if bug.cause else None) if cause else None,
                    new + (["the bug's cause is still there"] if still else []), errors, buggy, fixed, stronger)
 
 
