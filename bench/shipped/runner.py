@@ -37,8 +37,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by bench/run.py's path juggling
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.shipped import catalogue, environments  # noqa: E402
-from bench.shipped.catalogue import Bug  # noqa: E402
+from bench.shipped import catalogue, environments
+from bench.shipped.catalogue import Bug
 
 ROOT = environments.ROOT
 PROFILE, STRONGER = "ci", "thorough"
