@@ -116,6 +116,12 @@ def test_an_entry_without_a_cause_is_caught_by_a_cause_the_fix_took_away() -> No
     assert judge(miss, _run("1.0", _cause()), _run("1.1", _cause()), None).caught == "no"
 
 
+def test_a_pattern_may_name_what_a_call_that_raised_changed() -> None:
+    pattern = CausePattern("test_layer_cache_conforms", "state changed by a call that raised", changed="keys, values")
+    assert pattern.matches(_cause(kind=pattern.kind, changed=["keys", "values"]))
+    assert not pattern.matches(_cause(kind=pattern.kind, changed=["length", "keys", "values"]))
+
+
 def test_one_cause_in_two_reports_shares_kind_check_changes_and_a_rule() -> None:
     a, b = _cause(), {**_cause("append_chunk"), "rules": ["append_chunk", "append_rows"]}
     assert same_cause(a, b) and not same_cause(a, _cause("append_chunk"))

@@ -26,7 +26,7 @@ SECTION = re.compile(r"^\d+(\.\d+)?$")  # a section of docs/spec.md, "13.5" or "
 
 
 RUN_FIELDS = ("adapter", "install")  # required of a `run` table; tests, torch, python, env, known have defaults
-PATTERN_FIELDS = ("property", "kind", "rule", "check")
+PATTERN_FIELDS = ("property", "kind", "rule", "check", "changed")
 
 
 class CatalogueError(ValueError):
@@ -42,12 +42,14 @@ class CausePattern:
     kind: str
     rule: str | None = None
     check: str | None = None
+    changed: str | None = None  # what a call that raised changed, comma-separated as the report lists it
     why: str | None = None  # for a known cause: what it is (a published finding, another bug)
 
     def matches(self, cause: dict[str, Any]) -> bool:
         return (cause["property"].rsplit("::", 1)[-1] == self.property and cause["kind"] == self.kind
                 and (self.rule is None or self.rule in (cause.get("rules") or [cause.get("rule")]))
-                and (self.check is None or cause.get("check") == self.check))
+                and (self.check is None or cause.get("check") == self.check)
+                and (self.changed is None or ", ".join(cause.get("changed") or []) == self.changed))
 
     def described(self) -> str:
         return " ".join(f"{name} {getattr(self, name)!r}" for name in PATTERN_FIELDS if getattr(self, name))
@@ -118,7 +120,8 @@ def _expect(entry: dict[str, Any], where: str) -> dict[str, str]:
 def _pattern(table: Any, where: str) -> CausePattern:
     if not isinstance(table, dict) or not {"property", "kind"} <= set(table) or \
             not set(table) <= {*PATTERN_FIELDS, "why"}:
-        raise CatalogueError(f"{where}: a cause is a table with property and kind, and optionally rule, check, why; "
+        raise CatalogueError(f"{where}: a cause is a table with property and kind, and optionally rule, check, "
+                             "changed, why; "
                              f"got {table!r}")
     return CausePattern(**{name: _text(table, name, where) for name in table})
 

@@ -81,6 +81,13 @@ def _judged_nothing(report: dict[str, Any]) -> str | None:
     return None
 
 
+def _selection(bug: Bug, profile: str) -> str:
+    """pytest's -k: the corpus left out; a thorough rerun runs only the property the bug's cause is in."""
+    if profile == STRONGER and bug.cause is not None:
+        return f"{LEFT_OUT} and {bug.cause.property}"
+    return LEFT_OUT
+
+
 def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, timeout: float) -> ReleaseRun:
     """The plain command on ``bug``'s library at ``version``, its report in ``out``."""
     assert bug.run is not None
@@ -102,7 +109,7 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
     for stale in ("report.json", "pytest.log"):
         (out / stale).unlink(missing_ok=True)
     command = [str(env.python), "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", *bug.run.tests,
-               "-k", LEFT_OUT, f"--kv-impl={bug.run.adapter}", f"--kv-report={out / 'report.json'}",
+               "-k", _selection(bug, profile), f"--kv-impl={bug.run.adapter}", f"--kv-report={out / 'report.json'}",
                f"--kv-traces={out / 'traces'}", f"--kv-examples={out / 'examples'}",
                *([f"--kv-budget={STRONGER_BUDGET}"] if profile == STRONGER else [])]
     started = time.monotonic()
