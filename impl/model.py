@@ -153,7 +153,8 @@ class ModelContext:
     values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's."""
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
-                 shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None) -> None:
+                 shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
+                 end_only_removal: bool = False) -> None:
         if kv_dtype is not None and kv_dtype not in DTYPES:
             raise InvalidModelConfig(f"kv_dtype must be one of {DTYPES}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -165,6 +166,7 @@ class ModelContext:
         s = model.shape
         self.model, self.unified, self.sequences = model, bool(unified), max_sequences
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
+        self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_dtype = model.dtype if kv_dtype is None else np.dtype(kv_dtype)
@@ -281,6 +283,11 @@ class ModelContext:
     def remove(self, seq: int, p0: int, p1: int) -> None:
         self._check_seq("seq_remove", seq, any_allowed=True)
         chosen = self._in_range(p0, p1, "seq_remove")
+        if self.end_only_removal and p1 >= 0:
+            held = self.members.any(axis=2) if seq < 0 else self.members[..., seq]  # [streams, cells]
+            if (held & (self.positions >= p1)).any():
+                raise SequenceOperationRefused("seq_remove", f"[{p0}, {p1}) would leave cells after it: removals "
+                                               "to the end only")
         if seq < 0:
             self.members[chosen] = False
         else:

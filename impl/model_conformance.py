@@ -42,7 +42,8 @@ class ModelReferenceMethods:
         copy = self.model_policy.get("copy_unified" if config.unified else "copy_per_sequence", "merge")
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
-                            kv_dtype=getattr(self, "kv_storage", None))
+                            kv_dtype=getattr(self, "kv_storage", None),
+                            end_only_removal=self.model_policy.get("removal", "any") == "end_only")
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -118,3 +119,16 @@ class LowPrecisionModelAdapter(ModelReferenceAdapter):
 def make_float32_model_adapter() -> LowPrecisionModelAdapter:
     """Float32 computation, float16 cache: llama.cpp's default configuration."""
     return LowPrecisionModelAdapter("float32", "float16")
+
+
+class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
+    """The reference refusing (``refused``) a removal that would leave cells of its sequence after the range, as
+    llama.h lets ``llama_memory_seq_rm`` return false "if a partial sequence cannot be removed" and as a cache that
+    can only ``crop`` does; it declares ``removal: end_only``."""
+
+    name = f"{ModelReferenceAdapter.name}[removes at the end only]"
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "removal": "end_only"}
+
+
+def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
+    return EndOnlyRemovalModelAdapter()

@@ -36,7 +36,12 @@ from impl.conformance import (
 )
 from impl.errors import SequenceOperationRefused
 from impl.model import ModelContext
-from impl.model_conformance import LowPrecisionModelAdapter, ModelReferenceAdapter
+from impl.model_conformance import (
+    EndOnlyRemovalModelAdapter,
+    LowPrecisionModelAdapter,
+    ModelReferenceAdapter,
+    make_end_only_removal_model_adapter,
+)
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
@@ -340,6 +345,10 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                        model_policy={**ReferenceAdapter.model_policy,
                                                                      "negative_shift": "not_drawn"}),
     "model-float32-kv-float16": lambda: _low_precision("float16"),
+    # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
+    "model-removal-end-only": lambda: Declared("model-removal-end-only", MODEL_ONLY,
+                                               make_end_only_removal_model_adapter(), layer_caches=False,
+                                               model_policy=EndOnlyRemovalModelAdapter.model_policy),
     "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
                                                model_limits={"min_vocab": 3}),
 }
@@ -354,6 +363,9 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-negative-shift-claims-removed": (lambda: Declared("twin-model-no-negative-shift", REFERENCE,
                                                              NoNegativeShift()), "model", {}, "expected success"),
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
+    "model-removal-end-only-undeclared": (lambda: Declared(
+        "twin-removal-end-only", MODEL_ONLY, make_end_only_removal_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),
     "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
                                           "model", {}, "unexpected exception"),  # a 2-token model refused
 }

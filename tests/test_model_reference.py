@@ -218,6 +218,22 @@ def test_a_shift_re_rotates_the_stored_keys_and_back() -> None:
     np.testing.assert_allclose(context.keys, before, rtol=0, atol=1e-14)
 
 
+def test_an_end_only_context_refuses_a_removal_that_leaves_cells_after_it_and_changes_nothing() -> None:
+    config = MODEL_PRESETS["tiny"]
+    context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True, end_only_removal=True)
+    context.decode([1, 2, 3, 4, 5], [0, 1, 2, 3, 0], [0, 0, 0, 0, 1], [True] * 5)
+    members = context.members.copy()
+    for seq, p0, p1 in ((0, 1, 2), (0, -1, 3), (-1, 0, 1)):  # the middle, from the start, of every sequence
+        with pytest.raises(errors.SequenceOperationRefused):
+            context.remove(seq, p0, p1)
+        assert (context.members == members).all()
+    context.remove(0, 2, -1)  # to the end
+    context.remove(1, -1, 7)  # all of sequence 1, a range past its end
+    assert (context.pos_min(0), context.pos_max(0), context.pos_max(1)) == (0, 1, -1)
+    context.remove(-1, -1, 2)  # every cell left
+    assert context.pos_max(0) == -1
+
+
 def test_the_adapter_has_what_it_declares() -> None:
     adapter = make_model_adapter()
     assert isinstance(adapter, ModelAdapter)
