@@ -25,9 +25,9 @@ What is mapped onto transformers' own operations:
 - ``seq_state``: a save is a ``copy.deepcopy`` of the cache (and the positions it holds); a load puts a
   deep copy of it in place of the sequence's cache.
 - ``seq_remove`` only in ``*_crop`` factories: ``cache.crop(-n)`` removes the last ``n`` tokens; a removal
-  from the start or the middle raises ``NotImplementedError`` (transformers has nothing for it). The
-  protocol has no way to declare "removals at the end only", so those factories fail on purpose: see
-  docs/hf-transformers/model-level.md.
+  that would leave rows after the range (from the start or the middle) is refused (``CropRefused``, kind
+  ``refused``), changing nothing: transformers has nothing for it, and the factories declare
+  ``model_policy["removal"] = "end_only"`` (docs/spec.md §15.7).
 
 Not offered, because transformers does not do it: shifts and divides (keys are cached after RoPE and
 there is no re-rotation; ``can_shift`` is false), range copies, unified contexts (one pool of cells for
@@ -83,6 +83,10 @@ ATTENTION = "sdpa"  # eager runs its softmax in float32 even in a float64 model
 
 class CacheFull(Exception):
     """A StaticCache's ``index_copy_`` past ``max_cache_len`` (an ``IndexError`` from ``StaticLayer.update``)."""
+
+
+class CropRefused(NotImplementedError):
+    """A removal ``crop`` cannot do: it would leave rows after the range (``removal: end_only``, kind ``refused``)."""
 
 
 class Float64RMSNorm(nn.Module):
@@ -201,13 +205,14 @@ class HfModelAdapter:
     version = transformers.__version__
     base_capabilities: ClassVar[frozenset[str]] = frozenset({"whole_model", "gqa", "rope_half_split", "seq_copy",
                                                               "seq_keep", "seq_state"})
-    model_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
-                                              "copy_per_sequence": "whole_only"}
+    base_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
+                                             "copy_per_sequence": "whole_only"}
 
     def __init__(self, name: str, *, static: bool = False, float64_steps: bool = True, crop: bool = False,
                  roll_back: bool = True) -> None:
         self.name, self.static, self.float64_steps, self.crop = name, static, float64_steps, crop
         self.roll_back = roll_back
+        self.model_policy: dict[str, Any] = dict(self.base_policy)
         capabilities = set(self.base_capabilities)
         if float64_steps:
             capabilities.add("float64")
@@ -217,6 +222,7 @@ class HfModelAdapter:
             capabilities.add("fixed_capacity")
         if crop:
             capabilities.add("seq_remove")
+            self.model_policy["removal"] = "end_only"  # crop removes the last rows only
         self.capabilities = frozenset(capabilities)
 
     # -- model and context -----------------------------------------------------------------------------------
@@ -315,8 +321,8 @@ class HfModelAdapter:
             gone = [low <= p < high for p in store.positions]
             n = sum(gone)
             if n and not all(gone[len(gone) - n:]):
-                raise NotImplementedError(f"removing positions [{p0}, {p1}) of {store.positions[0]}.."
-                                          f"{store.positions[-1]}: transformers' crop removes the last rows only")
+                raise CropRefused(f"removing positions [{p0}, {p1}) of {store.positions[0]}..{store.positions[-1]}: "
+                                  "transformers' crop removes the last rows only")
             plans.append((store, n))
         for store, n in plans:
             if n:
@@ -333,7 +339,9 @@ class HfModelAdapter:
         context.stores[seq] = Store(copy.deepcopy(cache), list(positions))
 
     def error_kind(self, error: BaseException) -> str | None:
-        return "full" if isinstance(error, CacheFull) else None
+        if isinstance(error, CacheFull):
+            return "full"
+        return "refused" if isinstance(error, CropRefused) else None
 
 
 @dataclass(eq=False)
@@ -452,12 +460,13 @@ def static_cache() -> HfModelAdapter:
 
 
 def dynamic_cache_crop() -> HfModelAdapter:
-    """As ``dynamic_cache``, declaring seq_remove by crop: removals from the start or the middle raise."""
+    """As ``dynamic_cache``, declaring seq_remove by crop and ``removal: end_only``: a removal from the start or
+    the middle is refused."""
     return HfModelAdapter("hf-llama-model-dynamic-cache-crop", crop=True)
 
 
 def static_cache_crop() -> HfModelAdapter:
-    """As ``static_cache``, declaring seq_remove by crop."""
+    """As ``static_cache``, declaring seq_remove by crop and ``removal: end_only``."""
     return HfModelAdapter("hf-llama-model-static-cache-crop", static=True, crop=True)
 
 

@@ -69,8 +69,9 @@ def test_a_batch_mixing_sequences_and_a_crop() -> None:
     assert adapter.seq_pos_max(context, 0) == 0
     again = adapter.decode_batch(context, ModelBatch.of_sequence(0, [4], 1))
     assert np.max(np.abs(again - full_model([1, 4], config, weights)[1:])) < 1e-12
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(hf_model.CropRefused) as refused:
         adapter.seq_remove(context, 0, 0, 1)  # the first of two rows: nothing in transformers does it
+    assert adapter.error_kind(refused.value) == "refused" and adapter.model_policy["removal"] == "end_only"
     assert adapter.seq_pos_min(context, 0) == 0
 
 
