@@ -43,9 +43,9 @@ need a row put into the cache (no such operation), and ``batch_select_indices`` 
 
 Glue the adapter adds, and says so:
 
-- Llama's config refuses ``hidden_size % num_attention_heads != 0`` although ``head_dim`` is given; the
-  config is built at a width it accepts, then ``hidden_size`` set to the suite's width before the model is
-  built (every module is then sized from the suite's width and ``head_dim``).
+- Llama's config refuses ``hidden_size % num_attention_heads != 0`` although ``head_dim`` is given: the
+  adapter declares ``model_limits = {"model_width_divisible_by_heads": True}``, so the suite draws no other
+  width (``head_dim`` still need not be ``hidden_size / heads``).
 - All or nothing: a batch is several forwards (one per sequence), and a forward that raises after some
   layers were updated leaves them longer; on any exception every layer of every cache is cropped back to
   its length before the call (``layer.crop``). ``StaticLayer.update`` advances its length *before* the
@@ -116,8 +116,8 @@ class Float64Rotary(nn.Module):
 
 
 def llama_config(config: ModelConfig) -> LlamaConfig:
-    """transformers' config of the suite's model (``hidden_size`` set after the config's own check)."""
-    hf = LlamaConfig(hidden_size=config.heads * config.head_width, num_attention_heads=config.heads,
+    """transformers' config of the suite's model (its width a multiple of the heads: ``model_limits``)."""
+    hf = LlamaConfig(hidden_size=config.model_width, num_attention_heads=config.heads,
                      num_key_value_heads=config.kv_heads, head_dim=config.head_width,
                      num_hidden_layers=config.layers, intermediate_size=config.ffn_width, vocab_size=config.vocab,
                      max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_eps,
@@ -125,7 +125,6 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
                      tie_word_embeddings=config.tied_output,
                      rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_base)},
                      attn_implementation=ATTENTION, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf.hidden_size = config.model_width  # validate_architecture insists on hidden_size % heads == 0
     return hf
 
 
@@ -207,6 +206,8 @@ class HfModelAdapter:
                                                               "seq_keep", "seq_state"})
     base_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
                                              "copy_per_sequence": "whole_only"}
+    # LlamaConfig refuses hidden_size % num_attention_heads != 0, head_dim given or not
+    model_limits: ClassVar[dict[str, Any]] = {"model_width_divisible_by_heads": True}
 
     def __init__(self, name: str, *, static: bool = False, float64_steps: bool = True, crop: bool = False,
                  roll_back: bool = True) -> None:

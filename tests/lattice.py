@@ -323,6 +323,16 @@ class VocabFromThree(ReferenceAdapter):
         return super().create_model(config, weights)
 
 
+class WidthByHeads(ReferenceAdapter):
+    """Refuses a model whose width is not a multiple of its heads (transformers' LlamaConfig, head_dim given or
+    not)."""
+
+    def create_model(self, config: Any, weights: Any) -> Any:
+        if config.model_width % config.heads:
+            raise ValueError(f"hidden size {config.model_width} is not a multiple of {config.heads} heads")
+        return super().create_model(config, weights)
+
+
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
 
 
@@ -351,6 +361,8 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                model_policy=EndOnlyRemovalModelAdapter.model_policy),
     "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
                                                model_limits={"min_vocab": 3}),
+    "model-width-divisible-by-heads": lambda: Declared("model-width-divisible-by-heads", REFERENCE, WidthByHeads(),
+                                                       model_limits={"model_width_divisible_by_heads": True}),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -368,6 +380,8 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),
     "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
                                           "model", {}, "unexpected exception"),  # a 2-token model refused
+    "model-width-divisible-by-heads-undeclared": (
+        lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
 }
 
 

@@ -57,6 +57,7 @@ CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / Fals
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
 # whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
+FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
 REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
 
 
@@ -147,6 +148,8 @@ class ModelLimits:
     max_cells: int | None = None
     max_sequences: int | None = None
     max_batch: int | None = None  # tokens of one decode call (llama.cpp's n_batch)
+    # the model width a multiple of the heads (transformers' LlamaConfig refuses another, head_dim given or not)
+    model_width_divisible_by_heads: bool = False
 
     @classmethod
     def of(cls, adapter: Any) -> ModelLimits:
@@ -160,7 +163,10 @@ class ModelLimits:
         if unknown:
             raise ModelPolicyError(f"model_limits: unknown limit {', '.join(map(repr, unknown))}; known: {known}")
         for name, value in given.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name in FLAG_LIMITS:
+                if not isinstance(value, bool):
+                    raise ModelPolicyError(f"model_limits[{name!r}] must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelPolicyError(f"model_limits[{name!r}] must be an int >= 1, got {value!r}")
         limits = cls(**given)
         if limits.min_vocab is not None and limits.max_vocab is not None and limits.min_vocab > limits.max_vocab:
@@ -182,6 +188,8 @@ class ModelLimits:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
             return f"head width {config.head_width} is not a multiple of {self.head_width_multiple}"
+        if self.model_width_divisible_by_heads and config.model_width % config.heads:
+            return f"model width {config.model_width} is not a multiple of {config.heads} heads"
         return None
 
     def context_problem(self, config: ContextConfig) -> str | None:
