@@ -111,15 +111,22 @@ def run(plan: Run, out: Path) -> tuple[dict[str, str], float]:
 
 
 def reference_declaring(recorded: Any) -> Any:
-    """The reference under the recorded adapter's paged policy: a trace drawn for a pool whose hash leaves out the
-    signature (one computation per pool) replays only where that is declared (docs/spec.md §11.3), so the correct
-    pool it must pass on is one that declares the same."""
+    """The reference under the recorded adapter's choices: its paged policy (a trace drawn for a pool whose hash
+    leaves out the signature, one computation per pool, replays only where that is declared: docs/spec.md §11.3)
+    and, for a whole model, its ``model_policy`` and ``model_limits`` (a trace drawn for per-sequence contexts
+    with whole copies only, or a width divisible by the heads, reads as drawn only where the same is declared:
+    §15.7). The reference implements every policy value, so the correct implementation the trace must pass on is
+    the reference declaring the same."""
     from impl.conformance import make_adapter
+    from kvcache_conformance.protocol.kinds import Capability, declared
 
     reference = make_adapter()
     policy = getattr(recorded, "paged_policy", None)
     if policy is not None:
         reference.paged_policy = {**reference.paged_policy, **policy}
+    if Capability.WHOLE_MODEL.value in declared(recorded.capabilities):
+        reference.model_policy = {**reference.model_policy, **(getattr(recorded, "model_policy", None) or {})}
+        reference.model_limits = getattr(recorded, "model_limits", None) or {}
     return reference
 
 
