@@ -54,8 +54,7 @@ Glue the adapter adds, and says so:
 - ``*_float64`` factories (the default ones): transformers runs RMSNorm and the RoPE table in float32 even
   in a float64 model. Those two modules are replaced by the same formulas in float64, so the cache and the
   model's plumbing are judged at 1e-12. ``dynamic_cache_stock`` keeps transformers' float32 steps and
-  declares the RoPE table's (``mixed_precision = {"rope": "float32"}``); the float32 RMSNorm has no
-  declarable component.
+  declares both (``mixed_precision = {"rope": "float32", "norm": "float32"}``).
 
 ``StaticCache`` (``max_cache_len`` = the store's cells) declares ``fixed_capacity``: the ``IndexError`` its
 layer raises from ``index_copy_`` past ``max_cache_len`` is mapped to ``full`` (only that one: the
@@ -218,7 +217,7 @@ class HfModelAdapter:
         if float64_steps:
             capabilities.add("float64")
         else:
-            self.mixed_precision = {"rope": "float32"}
+            self.mixed_precision = {"rope": "float32", "norm": "float32"}
         if static:
             capabilities.add("fixed_capacity")
         if crop:
@@ -482,5 +481,5 @@ def dynamic_cache_rows() -> HfRowsAdapter:
 
 
 def dynamic_cache_stock() -> HfModelAdapter:
-    """transformers' numerics untouched (float32 RMSNorm and RoPE table), declaring the RoPE table's."""
+    """transformers' numerics untouched (float32 RMSNorm and RoPE table), declaring both."""
     return HfModelAdapter("hf-llama-model-dynamic-cache-stock", float64_steps=False)

@@ -28,8 +28,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis."""
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, dtype: np.dtype | None = None) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis; with ``dtype``, ``x`` cast to it and normalised there,
+    then cast back before ``w`` multiplies it (transformers' RMSNorm: float32 inside a float64 model)."""
+    if dtype is not None and dtype != x.dtype:
+        low = x.astype(dtype)
+        normed = (low / np.sqrt(np.mean(low * low, axis=-1, keepdims=True) + dtype.type(eps))).astype(x.dtype)
+        return np.asarray(normed * weight)
     scaled: np.ndarray = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
     return scaled
 
@@ -67,10 +72,11 @@ class LlamaModel:
     """The weights (copied into ``dtype``, float64 by default) and the vectorised pieces of the forward, every
     operation in that dtype (as an engine computing in float32 does)."""
 
-    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64") -> None:
-        if dtype not in DTYPES:
-            raise InvalidModelConfig(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None) -> None:
+        if dtype not in DTYPES or norm_dtype not in (None, *DTYPES):
+            raise InvalidModelConfig(f"dtype and norm_dtype must be among {DTYPES}, got {dtype!r}, {norm_dtype!r}")
         self.dtype = np.dtype(dtype)
+        self.norm_dtype = None if norm_dtype is None else np.dtype(norm_dtype)  # RMSNorm's, if another
         shape = self.shape = ModelShape.of(config)
         if shape.heads % shape.kv_heads or shape.head_width % 2:
             raise InvalidModelConfig("heads must be a multiple of kv heads and the head width even")
@@ -105,7 +111,7 @@ class LlamaModel:
     def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]``."""
         s, w = self.shape, self.layers[layer]
-        x = _rms_norm(hidden, w["attention_norm"], s.norm_eps)
+        x = _rms_norm(hidden, w["attention_norm"], s.norm_eps, self.norm_dtype)
         n = len(hidden)
         q = (x @ w["wq"].T).reshape(n, s.heads, s.head_width)
         k = (x @ w["wk"].T).reshape(n, s.kv_heads, s.head_width)
@@ -128,13 +134,13 @@ class LlamaModel:
 
     def feed_forward(self, layer: int, hidden: np.ndarray) -> np.ndarray:
         w = self.layers[layer]
-        x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps)
+        x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps, self.norm_dtype)
         gate = x @ w["w_gate"].T
         out: np.ndarray = hidden + (gate / (1 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
         return out
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
-        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps) @ self.output.T
+        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype) @ self.output.T
         return out
 
 

@@ -132,3 +132,20 @@ class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
 
 def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
     return EndOnlyRemovalModelAdapter()
+
+
+class Float32NormModelAdapter(ModelReferenceAdapter):
+    """The float64 reference with every RMSNorm computed in float32 (the input cast, normalised, cast back, then
+    weighted in float64: transformers' ``LlamaRMSNorm`` in a float64 model), declaring
+    ``mixed_precision = {"norm": "float32"}``."""
+
+    name = f"{ModelReferenceAdapter.name}[norm float32]"
+    capabilities = ModelReferenceAdapter.capabilities - {"float64"}
+    mixed_precision: ClassVar[dict[str, str]] = {"norm": "float32"}
+
+    def create_model(self, config: Any, weights: Any) -> LlamaModel:
+        return LlamaModel(config, weights, dtype="float64", norm_dtype="float32")
+
+
+def make_float32_norm_model_adapter() -> Float32NormModelAdapter:
+    return Float32NormModelAdapter()

@@ -41,6 +41,7 @@ from impl.model_conformance import (
     LowPrecisionModelAdapter,
     ModelReferenceAdapter,
     make_end_only_removal_model_adapter,
+    make_float32_norm_model_adapter,
 )
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
@@ -361,6 +362,9 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                model_policy=EndOnlyRemovalModelAdapter.model_policy),
     "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
                                                model_limits={"min_vocab": 3}),
+    # every RMSNorm in float32 inside a float64 model (transformers' LlamaRMSNorm), declared
+    "model-norm-float32": lambda: Declared("model-norm-float32", MODEL_ONLY, make_float32_norm_model_adapter(),
+                                           layer_caches=False, mixed_precision={"norm": "float32"}),
     "model-width-divisible-by-heads": lambda: Declared("model-width-divisible-by-heads", REFERENCE, WidthByHeads(),
                                                        model_limits={"model_width_divisible_by_heads": True}),
 }
@@ -380,6 +384,9 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),
     "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
                                           "model", {}, "unexpected exception"),  # a 2-token model refused
+    "model-norm-float32-undeclared": (
+        lambda: Declared("twin-norm-float32", MODEL_ONLY | {"float64"}, make_float32_norm_model_adapter(),
+                         layer_caches=False, mixed_precision={}), "model", {}, ""),  # logits past 1e-12
     "model-width-divisible-by-heads-undeclared": (
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
 }

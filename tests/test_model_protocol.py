@@ -61,6 +61,14 @@ def test_limits_bound_models_and_contexts() -> None:
     assert divisible.model_problem(ModelConfig(model_width=6, heads=2, kv_heads=1)) is None
 
 
+def test_a_norm_component_is_for_whole_models_only() -> None:
+    assert declaration_problems(adapter(capabilities=ModelReferenceAdapter.capabilities - {"float64"},
+                                        mixed_precision={"norm": "float32"})) == []
+    layer = type("Layer", (), {"capabilities": frozenset({"rope_interleaved"}), "mixed_precision": {"norm": "float32"}})
+    assert declaration_problems(layer()) == ["declares mixed_precision 'norm' without whole_model: only a whole "
+                                             "model has RMSNorms"]
+
+
 def test_kv_storage_defaults_to_the_dtype_and_is_checked() -> None:
     assert declared_kv_storage(adapter()) == "float64"
     assert declared_kv_storage(adapter(dtype="float32")) == "float32"

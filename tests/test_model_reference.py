@@ -256,3 +256,25 @@ def test_bad_models_and_contexts_are_typed_errors() -> None:
             ModelContext(model, cells, sequences, unified)
     with pytest.raises(errors.InvalidModelConfig):
         ModelContext(model, 4, 1, True, copy_into_nonempty="swap")
+
+
+def test_the_float32_norm_reference_is_judged_by_the_norm_baseline_and_not_at_1e_12() -> None:
+    """Every RMSNorm in float32 inside a float64 model: far past 1e-12, within the mixed rule's 2 x the oracle's
+    own float32-norm error + 8 float32 ulps; the oracle's float32 norm differs from its float64 one."""
+    from impl.model_conformance import make_float32_norm_model_adapter
+    from kvcache_conformance.oracle import mixed_precision
+    from kvcache_conformance.oracle.model import full_model
+
+    config = dataclasses.replace(MODEL_PRESETS["tiny"], tied_output=False)
+    weights = random_model_weights(config, 4)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    adapter = make_float32_norm_model_adapter()
+    context = adapter.create_context(adapter.create_model(config, weights), ContextConfig(cells=16, max_sequences=1))
+    got = adapter.decode_batch(context, ModelBatch.of_sequence(0, tokens, 0))
+    truth = full_model(tokens, config, weights)
+    baseline = full_model(tokens, config, weights, numbers=mixed_precision({"norm": "float32"}))
+    error, base = np.abs(got - truth).max(), np.abs(baseline - truth).max()
+    assert 1e-12 < error <= 2 * base + 8 * np.finfo(np.float32).eps * max(1.0, np.abs(truth).max())
+    assert 1e-12 < base < 1e-5
+    judge = Judge.for_model(adapter, FLOAT64)
+    assert judge.components == {"norm": "float32"} and judge.naive is not None
