@@ -25,9 +25,9 @@ What is mapped onto transformers' own operations:
 - ``seq_state``: a save is a ``copy.deepcopy`` of the cache (and the positions it holds); a load puts a
   deep copy of it in place of the sequence's cache.
 - ``seq_remove`` only in ``*_crop`` factories: ``cache.crop(-n)`` removes the last ``n`` tokens; a removal
-  from the start or the middle raises ``NotImplementedError`` (transformers has nothing for it). The
-  protocol has no way to declare "removals at the end only", so those factories fail on purpose: see
-  docs/hf-transformers/model-level.md.
+  that would leave rows after the range (from the start or the middle) is refused (``CropRefused``, kind
+  ``refused``), changing nothing: transformers has nothing for it, and the factories declare
+  ``model_policy["removal"] = "end_only"`` (docs/spec.md §15.7).
 
 Not offered, because transformers does not do it: shifts and divides (keys are cached after RoPE and
 there is no re-rotation; ``can_shift`` is false), range copies, unified contexts (one pool of cells for
@@ -43,9 +43,9 @@ need a row put into the cache (no such operation), and ``batch_select_indices`` 
 
 Glue the adapter adds, and says so:
 
-- Llama's config refuses ``hidden_size % num_attention_heads != 0`` although ``head_dim`` is given; the
-  config is built at a width it accepts, then ``hidden_size`` set to the suite's width before the model is
-  built (every module is then sized from the suite's width and ``head_dim``).
+- Llama's config refuses ``hidden_size % num_attention_heads != 0`` although ``head_dim`` is given: the
+  adapter declares ``model_limits = {"model_width_divisible_by_heads": True}``, so the suite draws no other
+  width (``head_dim`` still need not be ``hidden_size / heads``).
 - All or nothing: a batch is several forwards (one per sequence), and a forward that raises after some
   layers were updated leaves them longer; on any exception every layer of every cache is cropped back to
   its length before the call (``layer.crop``). ``StaticLayer.update`` advances its length *before* the
@@ -54,8 +54,7 @@ Glue the adapter adds, and says so:
 - ``*_float64`` factories (the default ones): transformers runs RMSNorm and the RoPE table in float32 even
   in a float64 model. Those two modules are replaced by the same formulas in float64, so the cache and the
   model's plumbing are judged at 1e-12. ``dynamic_cache_stock`` keeps transformers' float32 steps and
-  declares the RoPE table's (``mixed_precision = {"rope": "float32"}``); the float32 RMSNorm has no
-  declarable component.
+  declares both (``mixed_precision = {"rope": "float32", "norm": "float32"}``).
 
 ``StaticCache`` (``max_cache_len`` = the store's cells) declares ``fixed_capacity``: the ``IndexError`` its
 layer raises from ``index_copy_`` past ``max_cache_len`` is mapped to ``full`` (only that one: the
@@ -85,6 +84,10 @@ class CacheFull(Exception):
     """A StaticCache's ``index_copy_`` past ``max_cache_len`` (an ``IndexError`` from ``StaticLayer.update``)."""
 
 
+class CropRefused(NotImplementedError):
+    """A removal ``crop`` cannot do: it would leave rows after the range (``removal: end_only``, kind ``refused``)."""
+
+
 class Float64RMSNorm(nn.Module):
     """``LlamaRMSNorm``'s formula with every step in float64 (transformers casts to float32 first)."""
 
@@ -112,8 +115,8 @@ class Float64Rotary(nn.Module):
 
 
 def llama_config(config: ModelConfig) -> LlamaConfig:
-    """transformers' config of the suite's model (``hidden_size`` set after the config's own check)."""
-    hf = LlamaConfig(hidden_size=config.heads * config.head_width, num_attention_heads=config.heads,
+    """transformers' config of the suite's model (its width a multiple of the heads: ``model_limits``)."""
+    hf = LlamaConfig(hidden_size=config.model_width, num_attention_heads=config.heads,
                      num_key_value_heads=config.kv_heads, head_dim=config.head_width,
                      num_hidden_layers=config.layers, intermediate_size=config.ffn_width, vocab_size=config.vocab,
                      max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_eps,
@@ -121,7 +124,6 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
                      tie_word_embeddings=config.tied_output,
                      rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_base)},
                      attn_implementation=ATTENTION, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf.hidden_size = config.model_width  # validate_architecture insists on hidden_size % heads == 0
     return hf
 
 
@@ -201,22 +203,26 @@ class HfModelAdapter:
     version = transformers.__version__
     base_capabilities: ClassVar[frozenset[str]] = frozenset({"whole_model", "gqa", "rope_half_split", "seq_copy",
                                                               "seq_keep", "seq_state"})
-    model_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
-                                              "copy_per_sequence": "whole_only"}
+    base_policy: ClassVar[dict[str, Any]] = {"contexts": ["per_sequence"], "shared_copies": False,
+                                             "copy_per_sequence": "whole_only"}
+    # LlamaConfig refuses hidden_size % num_attention_heads != 0, head_dim given or not
+    model_limits: ClassVar[dict[str, Any]] = {"model_width_divisible_by_heads": True}
 
     def __init__(self, name: str, *, static: bool = False, float64_steps: bool = True, crop: bool = False,
                  roll_back: bool = True) -> None:
         self.name, self.static, self.float64_steps, self.crop = name, static, float64_steps, crop
         self.roll_back = roll_back
+        self.model_policy: dict[str, Any] = dict(self.base_policy)
         capabilities = set(self.base_capabilities)
         if float64_steps:
             capabilities.add("float64")
         else:
-            self.mixed_precision = {"rope": "float32"}
+            self.mixed_precision = {"rope": "float32", "norm": "float32"}
         if static:
             capabilities.add("fixed_capacity")
         if crop:
             capabilities.add("seq_remove")
+            self.model_policy["removal"] = "end_only"  # crop removes the last rows only
         self.capabilities = frozenset(capabilities)
 
     # -- model and context -----------------------------------------------------------------------------------
@@ -315,8 +321,8 @@ class HfModelAdapter:
             gone = [low <= p < high for p in store.positions]
             n = sum(gone)
             if n and not all(gone[len(gone) - n:]):
-                raise NotImplementedError(f"removing positions [{p0}, {p1}) of {store.positions[0]}.."
-                                          f"{store.positions[-1]}: transformers' crop removes the last rows only")
+                raise CropRefused(f"removing positions [{p0}, {p1}) of {store.positions[0]}..{store.positions[-1]}: "
+                                  "transformers' crop removes the last rows only")
             plans.append((store, n))
         for store, n in plans:
             if n:
@@ -333,7 +339,9 @@ class HfModelAdapter:
         context.stores[seq] = Store(copy.deepcopy(cache), list(positions))
 
     def error_kind(self, error: BaseException) -> str | None:
-        return "full" if isinstance(error, CacheFull) else None
+        if isinstance(error, CacheFull):
+            return "full"
+        return "refused" if isinstance(error, CropRefused) else None
 
 
 @dataclass(eq=False)
@@ -452,12 +460,13 @@ def static_cache() -> HfModelAdapter:
 
 
 def dynamic_cache_crop() -> HfModelAdapter:
-    """As ``dynamic_cache``, declaring seq_remove by crop: removals from the start or the middle raise."""
+    """As ``dynamic_cache``, declaring seq_remove by crop and ``removal: end_only``: a removal from the start or
+    the middle is refused."""
     return HfModelAdapter("hf-llama-model-dynamic-cache-crop", crop=True)
 
 
 def static_cache_crop() -> HfModelAdapter:
-    """As ``static_cache``, declaring seq_remove by crop."""
+    """As ``static_cache``, declaring seq_remove by crop and ``removal: end_only``."""
     return HfModelAdapter("hf-llama-model-static-cache-crop", static=True, crop=True)
 
 
@@ -472,5 +481,5 @@ def dynamic_cache_rows() -> HfRowsAdapter:
 
 
 def dynamic_cache_stock() -> HfModelAdapter:
-    """transformers' numerics untouched (float32 RMSNorm and RoPE table), declaring the RoPE table's."""
+    """transformers' numerics untouched (float32 RMSNorm and RoPE table), declaring both."""
     return HfModelAdapter("hf-llama-model-dynamic-cache-stock", float64_steps=False)

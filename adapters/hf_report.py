@@ -4,7 +4,8 @@
 
 For each adapter of ``PLAN``: pytest on the properties that concern it
 (``adapters.hf_llama``'s: every property; ``adapters.hf_caches``'s: the
-cache-operations property, its full and/or window run) with ``--kv-report
+cache-operations property, its full and/or window run; ``adapters.hf_paged``'s:
+the paged property; ``adapters.hf_model``'s: the whole-model property) with ``--kv-report
 DIR/<adapter>.json`` and ``--kv-traces DIR/traces`` (Hypothesis profile
 ``ci``: derandomised, so the verdicts are repeatable).
 Then it prints one line per property and adapter, and wall times. With
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "docs" / "hf-transformers" / "outcomes.json"
 OPERATIONS = "properties/test_cache_operations.py"
 PAGED = "properties/test_paged_cache.py"
+MODEL = "properties/test_whole_model.py"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ PLAN = (
     Run("paged_attention_cache_ids_checked", "adapters.hf_paged", (PAGED,), workers="0"),
     Run("paged_attention_cache_ids_checked_float64_rope", "adapters.hf_paged", (PAGED,), workers="0", in_ci=False),
     Run("paged_attention_cache_evict_first", "adapters.hf_paged", (PAGED,), workers="0", in_ci=False),
+    # LlamaForCausalLM under the model machine (docs/hf-transformers/model-level.md): by a full report only, 869 s
+    # at ci that CI's budget does not have (their traces are still replayed)
+    *(Run(f"model_{factory}", "adapters.hf_model", (MODEL,), workers="0", factory=factory, in_ci=False)
+      for factory in ("dynamic_cache", "static_cache", "dynamic_cache_rows", "dynamic_cache_stock",
+                      "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back")),
 )
 
 
@@ -111,15 +118,22 @@ def run(plan: Run, out: Path) -> tuple[dict[str, str], float]:
 
 
 def reference_declaring(recorded: Any) -> Any:
-    """The reference under the recorded adapter's paged policy: a trace drawn for a pool whose hash leaves out the
-    signature (one computation per pool) replays only where that is declared (docs/spec.md §11.3), so the correct
-    pool it must pass on is one that declares the same."""
+    """The reference under the recorded adapter's choices: its paged policy (a trace drawn for a pool whose hash
+    leaves out the signature, one computation per pool, replays only where that is declared: docs/spec.md §11.3)
+    and, for a whole model, its ``model_policy`` and ``model_limits`` (a trace drawn for per-sequence contexts
+    with whole copies only, or a width divisible by the heads, reads as drawn only where the same is declared:
+    §15.7). The reference implements every policy value, so the correct implementation the trace must pass on is
+    the reference declaring the same."""
     from impl.conformance import make_adapter
+    from kvcache_conformance.protocol.kinds import Capability, declared
 
     reference = make_adapter()
     policy = getattr(recorded, "paged_policy", None)
     if policy is not None:
         reference.paged_policy = {**reference.paged_policy, **policy}
+    if Capability.WHOLE_MODEL.value in declared(recorded.capabilities):
+        reference.model_policy = {**reference.model_policy, **(getattr(recorded, "model_policy", None) or {})}
+        reference.model_limits = getattr(recorded, "model_limits", None) or {}
     return reference
 
 

@@ -374,6 +374,18 @@ def make_full_declaration_adapter() -> FullDeclarationAdapter:
     return FullDeclarationAdapter()
 
 
+class EndOnlyRemovalAdapter(ReferenceAdapter):
+    """The default reference whose whole model removes only to the end of a sequence (``removal: end_only``; the
+    model alone: ``impl.model_conformance:make_end_only_removal_model_adapter``); its model mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[removes at the end only]"
+    model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, "removal": "end_only"}
+
+
+def make_end_only_removal_adapter() -> EndOnlyRemovalAdapter:
+    return EndOnlyRemovalAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

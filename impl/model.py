@@ -29,8 +29,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis."""
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, dtype: np.dtype | None = None) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis; with ``dtype``, ``x`` cast to it and normalised there,
+    then cast back before ``w`` multiplies it (transformers' RMSNorm: float32 inside a float64 model)."""
+    if dtype is not None and dtype != x.dtype:
+        low = x.astype(dtype)
+        normed = (low / np.sqrt(np.mean(low * low, axis=-1, keepdims=True) + dtype.type(eps))).astype(x.dtype)
+        return np.asarray(normed * weight)
     scaled: np.ndarray = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
     return scaled
 
@@ -68,10 +73,11 @@ class LlamaModel:
     """The weights (copied into ``dtype``, float64 by default) and the vectorised pieces of the forward, every
     operation in that dtype (as an engine computing in float32 does)."""
 
-    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64") -> None:
-        if dtype not in DTYPES:
-            raise InvalidModelConfig(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None) -> None:
+        if dtype not in DTYPES or norm_dtype not in (None, *DTYPES):
+            raise InvalidModelConfig(f"dtype and norm_dtype must be among {DTYPES}, got {dtype!r}, {norm_dtype!r}")
         self.dtype = np.dtype(dtype)
+        self.norm_dtype = None if norm_dtype is None else np.dtype(norm_dtype)  # RMSNorm's, if another
         shape = self.shape = ModelShape.of(config)
         if shape.heads % shape.kv_heads or shape.head_width % 2:
             raise InvalidModelConfig("heads must be a multiple of kv heads and the head width even")
@@ -106,7 +112,7 @@ class LlamaModel:
     def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
         """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]``."""
         s, w = self.shape, self.layers[layer]
-        x = _rms_norm(hidden, w["attention_norm"], s.norm_eps)
+        x = _rms_norm(hidden, w["attention_norm"], s.norm_eps, self.norm_dtype)
         n = len(hidden)
         q = (x @ w["wq"].T).reshape(n, s.heads, s.head_width)
         k = (x @ w["wk"].T).reshape(n, s.kv_heads, s.head_width)
@@ -129,13 +135,13 @@ class LlamaModel:
 
     def feed_forward(self, layer: int, hidden: np.ndarray) -> np.ndarray:
         w = self.layers[layer]
-        x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps)
+        x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps, self.norm_dtype)
         gate = x @ w["w_gate"].T
         out: np.ndarray = hidden + (gate / (1 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
         return out
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
-        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps) @ self.output.T
+        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype) @ self.output.T
         return out
 
 
@@ -154,7 +160,8 @@ class ModelContext:
     values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's."""
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
-                 shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None) -> None:
+                 shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
+                 end_only_removal: bool = False) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -168,6 +175,7 @@ class ModelContext:
             raise InvalidModelConfig(f"a {kv_dtype} cache stores blocks of 32 features: head width {s.head_width}")
         self.model, self.unified, self.sequences = model, bool(unified), max_sequences
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
+        self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -287,6 +295,11 @@ class ModelContext:
     def remove(self, seq: int, p0: int, p1: int) -> None:
         self._check_seq("seq_remove", seq, any_allowed=True)
         chosen = self._in_range(p0, p1, "seq_remove")
+        if self.end_only_removal and p1 >= 0:
+            held = self.members.any(axis=2) if seq < 0 else self.members[..., seq]  # [streams, cells]
+            if (held & (self.positions >= p1)).any():
+                raise SequenceOperationRefused("seq_remove", f"[{p0}, {p1}) would leave cells after it: removals "
+                                               "to the end only")
         if seq < 0:
             self.members[chosen] = False
         else:

@@ -43,7 +43,8 @@ class ModelReferenceMethods:
         copy = self.model_policy.get("copy_unified" if config.unified else "copy_per_sequence", "merge")
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
-                            kv_dtype=getattr(self, "kv_storage", None))
+                            kv_dtype=getattr(self, "kv_storage", None),
+                            end_only_removal=self.model_policy.get("removal", "any") == "end_only")
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -131,3 +132,33 @@ def make_q8_0_model_adapter() -> LowPrecisionModelAdapter:
 def make_q4_0_model_adapter() -> LowPrecisionModelAdapter:
     """Float32 computation over llama.cpp's q4_0 cache."""
     return LowPrecisionModelAdapter("float32", "q4_0")
+
+
+class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
+    """The reference refusing (``refused``) a removal that would leave cells of its sequence after the range, as
+    llama.h lets ``llama_memory_seq_rm`` return false "if a partial sequence cannot be removed" and as a cache that
+    can only ``crop`` does; it declares ``removal: end_only``."""
+
+    name = f"{ModelReferenceAdapter.name}[removes at the end only]"
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "removal": "end_only"}
+
+
+def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
+    return EndOnlyRemovalModelAdapter()
+
+
+class Float32NormModelAdapter(ModelReferenceAdapter):
+    """The float64 reference with every RMSNorm computed in float32 (the input cast, normalised, cast back, then
+    weighted in float64: transformers' ``LlamaRMSNorm`` in a float64 model), declaring
+    ``mixed_precision = {"norm": "float32"}``."""
+
+    name = f"{ModelReferenceAdapter.name}[norm float32]"
+    capabilities = ModelReferenceAdapter.capabilities - {"float64"}
+    mixed_precision: ClassVar[dict[str, str]] = {"norm": "float32"}
+
+    def create_model(self, config: Any, weights: Any) -> LlamaModel:
+        return LlamaModel(config, weights, dtype="float64", norm_dtype="float32")
+
+
+def make_float32_norm_model_adapter() -> Float32NormModelAdapter:
+    return Float32NormModelAdapter()

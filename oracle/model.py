@@ -55,7 +55,13 @@ def matvec(matrix: Matrix, x: Vector) -> Vector:
 
 
 def rms_norm(x: Vector, weight: Vector, eps: float, numbers: NumberSystem) -> Vector:
-    """``x / sqrt(mean(x^2) + eps) * w``."""
+    """``x / sqrt(mean(x^2) + eps) * w``. With a mixed precision's norm dtype: ``x`` rounded to it, normalised
+    there, the result converted back to ``numbers`` before ``w`` multiplies it (as transformers' RMSNorm does)."""
+    inner = numbers.component("norm")
+    if inner is not numbers:
+        low = [inner.number(numbers.to_float(v)) for v in x]
+        scale = inner.sqrt(_dot(low, low) / len(low) + inner.number(eps))
+        return [numbers.number(inner.to_float(v / scale)) * w for v, w in zip(low, weight)]
     mean_square = _dot(x, x) / len(x)
     scale = numbers.sqrt(mean_square + numbers.number(eps))
     return [v / scale * w for v, w in zip(x, weight)]

@@ -116,8 +116,10 @@ def numpy_precision(dtype: str) -> NumberSystem:
 # "rope": the cos/sin table (angles, cos and sin); "softmax": exp, sum and division; "rotation": the table and the
 # rotation itself (the rotated features rounded to the dtype, multiplied and summed there, converted back);
 # "transcendentals": every exp, cos, sin and tanh of that dtype's accuracy -- the argument rounded to it, the
-# function computed there, the result back in float64 -- with all the arithmetic around them in float64
-COMPONENTS = ("rope", "softmax", "rotation", "transcendentals")
+# function computed there, the result back in float64 -- with all the arithmetic around them in float64;
+# "norm": a whole model's RMSNorm, x / sqrt(mean(x^2) + eps) with x rounded to the dtype and computed there, the
+# result back in float64 before the weight multiplies it (transformers' LlamaRMSNorm in a float64 model)
+COMPONENTS = ("rope", "softmax", "rotation", "transcendentals", "norm")
 
 
 def mixed_precision(components: Mapping[str, str]) -> NumberSystem:

@@ -36,7 +36,13 @@ from impl.conformance import (
 )
 from impl.errors import SequenceOperationRefused
 from impl.model import ModelContext
-from impl.model_conformance import LowPrecisionModelAdapter, ModelReferenceAdapter
+from impl.model_conformance import (
+    EndOnlyRemovalModelAdapter,
+    LowPrecisionModelAdapter,
+    ModelReferenceAdapter,
+    make_end_only_removal_model_adapter,
+    make_float32_norm_model_adapter,
+)
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
@@ -318,6 +324,16 @@ class VocabFromThree(ReferenceAdapter):
         return super().create_model(config, weights)
 
 
+class WidthByHeads(ReferenceAdapter):
+    """Refuses a model whose width is not a multiple of its heads (transformers' LlamaConfig, head_dim given or
+    not)."""
+
+    def create_model(self, config: Any, weights: Any) -> Any:
+        if config.model_width % config.heads:
+            raise ValueError(f"hidden size {config.model_width} is not a multiple of {config.heads} heads")
+        return super().create_model(config, weights)
+
+
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
 
 
@@ -344,8 +360,17 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     "model-float32-kv-float16": lambda: _low_precision("float16"),
     "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
     "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
+    # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
+    "model-removal-end-only": lambda: Declared("model-removal-end-only", MODEL_ONLY,
+                                               make_end_only_removal_model_adapter(), layer_caches=False,
+                                               model_policy=EndOnlyRemovalModelAdapter.model_policy),
     "model-vocab-from-three": lambda: Declared("model-vocab-from-three", REFERENCE, VocabFromThree(),
                                                model_limits={"min_vocab": 3}),
+    # every RMSNorm in float32 inside a float64 model (transformers' LlamaRMSNorm), declared
+    "model-norm-float32": lambda: Declared("model-norm-float32", MODEL_ONLY, make_float32_norm_model_adapter(),
+                                           layer_caches=False, mixed_precision={"norm": "float32"}),
+    "model-width-divisible-by-heads": lambda: Declared("model-width-divisible-by-heads", REFERENCE, WidthByHeads(),
+                                                       model_limits={"model_width_divisible_by_heads": True}),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -360,8 +385,16 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
     "model-q8_0-kv-claims-float16": (lambda: _low_precision("float16", "q8_0"), "model", {}, ""),
     "model-q4_0-kv-claims-q8_0": (lambda: _low_precision("q8_0", "q4_0"), "model", {}, ""),
+    "model-removal-end-only-undeclared": (lambda: Declared(
+        "twin-removal-end-only", MODEL_ONLY, make_end_only_removal_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),
     "model-vocab-from-three-undeclared": (lambda: Declared("twin-vocab-from-three", REFERENCE, VocabFromThree()),
                                           "model", {}, "unexpected exception"),  # a 2-token model refused
+    "model-norm-float32-undeclared": (
+        lambda: Declared("twin-norm-float32", MODEL_ONLY | {"float64"}, make_float32_norm_model_adapter(),
+                         layer_caches=False, mixed_precision={}), "model", {}, ""),  # logits past 1e-12
+    "model-width-divisible-by-heads-undeclared": (
+        lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
 }
 
 

@@ -709,6 +709,23 @@ MODEL_MUTANTS = (
            (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
            "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
            "model", factory="model_conformance:make_q4_0_model_adapter"),
+    # behind the reference declaring removal: end_only (impl.conformance:make_end_only_removal_adapter)
+    Mutant("model_end_only_refuses_to_the_end", "model.py",
+           (("        if self.end_only_removal and p1 >= 0:\n",
+             "        if self.end_only_removal and (p1 >= 0 or p0 > 0):\n"),),
+           "declares removal end_only, but refuses a removal to the end that starts past position 0", "model",
+           factory="make_end_only_removal_adapter"),
+    Mutant("model_end_only_refusal_changes_state", "model.py",
+           (("            if (held & (self.positions >= p1)).any():\n",
+             "            if (held & (self.positions >= p1)).any():\n"
+             "                self.members[..., max(seq, 0)] &= ~chosen\n"),),
+           "refuses a removal in the middle after removing the range from the sequence", "model",
+           factory="make_end_only_removal_adapter"),
+    Mutant("model_end_only_refusal_returns", "model.py",
+           (("            if (held & (self.positions >= p1)).any():\n",
+             "            if (held & (self.positions >= p1)).any():\n                return\n"),),
+           "a removal in the middle it cannot do returns as if done, removing nothing", "model",
+           factory="make_end_only_removal_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 

@@ -51,3 +51,13 @@ def test_the_spec_and_the_guide_name_every_layer_limit() -> None:
     for limit in fields(LayerLimits):
         assert f"`{limit.name}`" in section_7, f"docs/spec.md §7 does not name {limit.name}"
         assert f"`{limit.name}`" in guide, f"docs/adapters.md does not name {limit.name}"
+
+
+def test_the_spec_names_every_model_policy_key_and_model_limit() -> None:
+    from dataclasses import fields
+
+    from kvcache_conformance.protocol.model import ModelLimits, ModelPolicy
+
+    section = (ADAPTERS.parent / "spec.md").read_text().split('<a id="s15.7"></a>')[1].split("## <a id=")[0]
+    for declared in (*fields(ModelPolicy), *fields(ModelLimits)):
+        assert f"`{declared.name}`" in section, f"docs/spec.md §15.7 does not name {declared.name}"

@@ -15,8 +15,8 @@ from adapters import hf_model
 
 FACTORIES = ["dynamic_cache", "static_cache", "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back",
              "dynamic_cache_rows", "dynamic_cache_stock"]
-# A width the config would refuse (5 % 2), GQA, tied and untied.
-CONFIGS = [ModelConfig(vocab=11, model_width=5, layers=2, heads=2, kv_heads=1, head_width=4, ffn_width=7,
+# A width other than heads x head width (6 = 2 x 3, head width 4), GQA, tied and untied.
+CONFIGS = [ModelConfig(vocab=11, model_width=6, layers=2, heads=2, kv_heads=1, head_width=4, ffn_width=7,
                        rope_style="half_split", rope_base=100.0, tied_output=tied) for tied in (False, True)]
 TOKENS = [3, 10, 0, 7, 7, 1]
 
@@ -27,6 +27,16 @@ def test_factories_load(factory: str) -> None:
     assert {"whole_model", "rope_half_split", "gqa"} <= adapter.capabilities
     assert "rope_interleaved" not in adapter.capabilities
     assert ("fixed_capacity" in adapter.capabilities) == factory.startswith("static")
+
+
+def test_a_width_that_is_no_multiple_of_the_heads_is_declared_outside_and_refused_by_the_config() -> None:
+    from kvcache_conformance.protocol.model import ModelLimits
+
+    odd = ModelConfig(vocab=11, model_width=5, layers=1, heads=2, kv_heads=1, head_width=4, ffn_width=7,
+                      rope_style="half_split")
+    assert ModelLimits.of(hf_model.dynamic_cache()).model_problem(odd)
+    with pytest.raises(Exception, match="not a multiple of the number of attention heads"):
+        hf_model.llama_config(odd)  # huggingface_hub's StrictDataclassClassValidationError
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["untied", "tied"])
@@ -69,8 +79,9 @@ def test_a_batch_mixing_sequences_and_a_crop() -> None:
     assert adapter.seq_pos_max(context, 0) == 0
     again = adapter.decode_batch(context, ModelBatch.of_sequence(0, [4], 1))
     assert np.max(np.abs(again - full_model([1, 4], config, weights)[1:])) < 1e-12
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(hf_model.CropRefused) as refused:
         adapter.seq_remove(context, 0, 0, 1)  # the first of two rows: nothing in transformers does it
+    assert adapter.error_kind(refused.value) == "refused" and adapter.model_policy["removal"] == "end_only"
     assert adapter.seq_pos_min(context, 0) == 0
 
 

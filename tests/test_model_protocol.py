@@ -33,11 +33,14 @@ def test_a_policy_is_read_as_declared() -> None:
     assert policy.copy_into_nonempty(unified=False) == "whole_only"
     assert policy.copy_into_nonempty(unified=True) == "merge"
     assert policy.described()["copy_per_sequence"] == "whole_only"
+    assert policy.removal == "any" and ModelPolicy.of(adapter(model_policy={"removal": "end_only"})).removal == \
+        "end_only"
 
 
 @pytest.mark.parametrize("given", [
     {"copy": "merge"}, {"contexts": "unified"}, {"contexts": []}, {"contexts": ["shared"]},
     {"shared_copies": "yes"}, {"copy_unified": "swap"}, {"negative_shift": "clamped"}, ["merge"],
+    {"removal": "start_only"}, {"removal": True},
 ])
 def test_a_policy_the_suite_cannot_judge_is_a_usage_error(given: Any) -> None:
     with pytest.raises(ModelPolicyError):
@@ -51,8 +54,19 @@ def test_limits_bound_models_and_contexts() -> None:
     assert "vocab 16 > max_vocab 8" in limits.model_problem(ModelConfig(head_width=32))
     assert limits.model_problem(ModelConfig(vocab=8, head_width=64)) is None
     assert limits.context_problem(ContextConfig(16, 3)) and limits.context_problem(ContextConfig(16, 2)) is None
-    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}):
+    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}, {"model_width_divisible_by_heads": 1}):
         assert declaration_problems(adapter(model_limits=bad))
+    divisible = ModelLimits.of(adapter(model_limits={"model_width_divisible_by_heads": True}))
+    assert "not a multiple of 2 heads" in divisible.model_problem(ModelConfig(model_width=5, heads=2, kv_heads=1))
+    assert divisible.model_problem(ModelConfig(model_width=6, heads=2, kv_heads=1)) is None
+
+
+def test_a_norm_component_is_for_whole_models_only() -> None:
+    assert declaration_problems(adapter(capabilities=ModelReferenceAdapter.capabilities - {"float64"},
+                                        mixed_precision={"norm": "float32"})) == []
+    layer = type("Layer", (), {"capabilities": frozenset({"rope_interleaved"}), "mixed_precision": {"norm": "float32"}})
+    assert declaration_problems(layer()) == ["declares mixed_precision 'norm' without whole_model: only a whole "
+                                             "model has RMSNorms"]
 
 
 def test_kv_storage_defaults_to_the_dtype_and_is_checked() -> None:

@@ -218,6 +218,22 @@ def test_a_shift_re_rotates_the_stored_keys_and_back() -> None:
     np.testing.assert_allclose(context.keys, before, rtol=0, atol=1e-14)
 
 
+def test_an_end_only_context_refuses_a_removal_that_leaves_cells_after_it_and_changes_nothing() -> None:
+    config = MODEL_PRESETS["tiny"]
+    context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True, end_only_removal=True)
+    context.decode([1, 2, 3, 4, 5], [0, 1, 2, 3, 0], [0, 0, 0, 0, 1], [True] * 5)
+    members = context.members.copy()
+    for seq, p0, p1 in ((0, 1, 2), (0, -1, 3), (-1, 0, 1)):  # the middle, from the start, of every sequence
+        with pytest.raises(errors.SequenceOperationRefused):
+            context.remove(seq, p0, p1)
+        assert (context.members == members).all()
+    context.remove(0, 2, -1)  # to the end
+    context.remove(1, -1, 7)  # all of sequence 1, a range past its end
+    assert (context.pos_min(0), context.pos_max(0), context.pos_max(1)) == (0, 1, -1)
+    context.remove(-1, -1, 2)  # every cell left
+    assert context.pos_max(0) == -1
+
+
 def test_the_adapter_has_what_it_declares() -> None:
     adapter = make_model_adapter()
     assert isinstance(adapter, ModelAdapter)
@@ -240,3 +256,25 @@ def test_bad_models_and_contexts_are_typed_errors() -> None:
             ModelContext(model, cells, sequences, unified)
     with pytest.raises(errors.InvalidModelConfig):
         ModelContext(model, 4, 1, True, copy_into_nonempty="swap")
+
+
+def test_the_float32_norm_reference_is_judged_by_the_norm_baseline_and_not_at_1e_12() -> None:
+    """Every RMSNorm in float32 inside a float64 model: far past 1e-12, within the mixed rule's 2 x the oracle's
+    own float32-norm error + 8 float32 ulps; the oracle's float32 norm differs from its float64 one."""
+    from impl.model_conformance import make_float32_norm_model_adapter
+    from kvcache_conformance.oracle import mixed_precision
+    from kvcache_conformance.oracle.model import full_model
+
+    config = dataclasses.replace(MODEL_PRESETS["tiny"], tied_output=False)
+    weights = random_model_weights(config, 4)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    adapter = make_float32_norm_model_adapter()
+    context = adapter.create_context(adapter.create_model(config, weights), ContextConfig(cells=16, max_sequences=1))
+    got = adapter.decode_batch(context, ModelBatch.of_sequence(0, tokens, 0))
+    truth = full_model(tokens, config, weights)
+    baseline = full_model(tokens, config, weights, numbers=mixed_precision({"norm": "float32"}))
+    error, base = np.abs(got - truth).max(), np.abs(baseline - truth).max()
+    assert 1e-12 < error <= 2 * base + 8 * np.finfo(np.float32).eps * max(1.0, np.abs(truth).max())
+    assert 1e-12 < base < 1e-5
+    judge = Judge.for_model(adapter, FLOAT64)
+    assert judge.components == {"norm": "float32"} and judge.naive is not None

@@ -36,6 +36,26 @@ def test_models_and_contexts_stay_within_the_limits_and_the_policy(data: st.Data
     assert data.draw(model_configs(frozenset({"rope_interleaved", "gqa"}), quantized)).head_width in (32, 64)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from([None, 3, 4]))
+def test_a_model_width_divisible_by_the_heads_is_drawn_where_declared(data: st.DataObject, widest: int | None) -> None:
+    limits = ModelLimits(model_width_divisible_by_heads=True, max_model_width=widest)
+    config = data.draw(model_configs(frozenset({"rope_half_split", "gqa"}), limits))
+    assert config.model_width % config.heads == 0 and limits.model_problem(config) is None
+
+
+def test_without_the_limit_widths_that_are_no_multiple_of_the_heads_are_drawn() -> None:
+    seen = []
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(model_configs(frozenset({"rope_half_split", "gqa"}), ModelLimits()))
+    def draw(config: Any) -> None:
+        seen.append(config.model_width % config.heads)
+
+    draw()
+    assert any(seen)  # the limit is not vacuous: the suite's own ranges draw such widths
+
+
 class Watching(ModelReferenceAdapter):
     """The reference, counting what the machine made it do, and failing the run (an untyped error) on a call
     outside what it declares."""

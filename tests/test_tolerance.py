@@ -166,7 +166,8 @@ def test_the_mixed_precision_rule_is_the_documented_formula() -> None:
 
 @pytest.mark.parametrize(("dtype", "mixed", "complaint"), [
     ("float32", {"rope": "float32"}, "for float64 adapters only"),
-    ("float64", {"rotary": "float32"}, "components must be among ('rope', 'softmax', 'rotation', 'transcendentals')"),
+    ("float64", {"rotary": "float32"},
+     "components must be among ('rope', 'softmax', 'rotation', 'transcendentals', 'norm')"),
     ("float64", {"softmax": "float64"}, "dtype must be one of ('float32', 'float16', 'bfloat16')"),
     ("float64", "float32", "must map components to dtypes"),
 ])

@@ -6,7 +6,7 @@ The model-level face of repro_rejected_update_moves_length.py: ``StaticLayer.upd
 ``cumulative_length`` before ``index_copy_`` raises ``IndexError``, so after the rejected forward layer 0
 claims rows it never wrote (the deeper layers were never reached), ``get_seq_length()`` reports them, and
 the next forward that fits -- one token into an empty cache of 3 slots -- is rejected too. The conformance
-trace is docs/hf-transformers/model-traces/hf-llama-model-static-cache-no-roll-back-*.json (docs/spec.md
+trace is docs/hf-transformers/traces/hf-llama-model-static-cache-no-roll-back-*.json (docs/spec.md
 §15.5: a call that raised must change nothing). Exits 1 while the bug is there, 0 once it is fixed.
 """
 

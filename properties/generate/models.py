@@ -26,25 +26,35 @@ def _bounded(upper: int, limit: int | None) -> int:
 def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits) -> ModelConfig:
     """A tiny model: vocab 2-12, 1-2 layers, 1-2 kv heads times a group of 1-2 (GQA only if declared), head
     width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured), model
-    width 2-8, FFN 2-8, a declared RoPE pairing, a window only if ``sliding_window`` is declared, tied or
-    untied."""
+    width 2-8 (a multiple of the heads where ``model_width_divisible_by_heads``), FFN 2-8, a declared RoPE
+    pairing, a window only if ``sliding_window`` is declared, tied or untied."""
     styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities]
     style = draw(st.sampled_from(styles), label="rope style")
     widths = [w for w in (2, 4, 32, 64) if w <= _bounded(64, limits.max_head_width)
               and w >= (limits.min_head_width or 0) and w % (limits.head_width_multiple or 1) == 0]
     head_width = draw(st.sampled_from(widths[:2]), label="head width")
-    kv_heads = draw(st.integers(1, _bounded(2, limits.max_heads)), label="kv heads")
+    widest = _bounded(8, limits.max_model_width)
+    most_heads = _bounded(4, limits.max_heads)
+    if limits.model_width_divisible_by_heads:  # at least one width 2..widest is a multiple of the heads
+        most_heads = min(most_heads, widest)
+    kv_heads = draw(st.integers(1, min(2, most_heads)), label="kv heads")
     groups = 2 if Capability.GQA.value in capabilities else 1
-    group = draw(st.integers(1, max(1, min(groups, _bounded(4, limits.max_heads) // kv_heads))), label="group")
+    group = draw(st.integers(1, max(1, min(groups, most_heads // kv_heads))), label="group")
+    heads = kv_heads * group
     window = None
     if Capability.SLIDING_WINDOW.value in capabilities and draw(st.booleans(), label="windowed"):
         window = draw(st.integers(1, 4), label="window")
     fewest = max(2, limits.min_vocab or 2)
+    vocab = draw(st.integers(fewest, max(fewest, _bounded(12, limits.max_vocab))), label="vocab")
+    if limits.model_width_divisible_by_heads:
+        model_width = draw(st.sampled_from([w for w in range(2, widest + 1) if w % heads == 0] or [heads]),
+                           label="model width")
+    else:
+        model_width = draw(st.integers(2, widest), label="model width")
     return ModelConfig(
-        vocab=draw(st.integers(fewest, max(fewest, _bounded(12, limits.max_vocab))), label="vocab"),
-        model_width=draw(st.integers(2, _bounded(8, limits.max_model_width)), label="model width"),
+        vocab=vocab, model_width=model_width,
         layers=draw(st.integers(1, _bounded(2, limits.max_layers)), label="layers"),
-        heads=kv_heads * group, kv_heads=kv_heads, head_width=head_width,
+        heads=heads, kv_heads=kv_heads, head_width=head_width,
         ffn_width=draw(st.integers(2, _bounded(8, limits.max_ffn_width)), label="ffn width"),
         rope_style=style, rope_base=draw(st.sampled_from([10000.0, 100.0]), label="rope base"),
         tied_output=draw(st.booleans(), label="tied"), window=window, max_positions=MAX_POSITIONS)

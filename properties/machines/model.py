@@ -269,22 +269,37 @@ class ModelMachine(ConformanceMachine):
             return -1, p
         return p, p + data.draw(st.integers(1, 3), label="width")
 
-    def _sequence_call(self, what: str, on_oracle: Any, action: Any, **details: Any) -> None:
-        may_refuse = None
-        if self.policy.refuses_shift and what.startswith(("shift", "divide")) and not self.must(
+    def _sequence_call(self, operation: str, what: str, on_oracle: Any, action: Any, **details: Any) -> None:
+        self._operation(what, on_oracle, action, may_refuse=self._may_refuse(operation, details), **details)
+
+    def _may_refuse(self, operation: str, arguments: dict[str, Any]) -> ErrorKind | None:
+        """The kind a valid sequence operation may still be refused with, as ``model_policy`` declares (each such
+        declaration is judged here alone; the suite then expects refusal, changing nothing, or success):
+
+        - ``refuses_shift``: a shift or divide, while ``can_shift`` is false;
+        - ``removal: end_only``: a removal that would leave a cell of its sequence (of any, ``seq < 0``) at a
+          position past the range; a removal to the end, or of every cell the sequence holds, must succeed.
+        """
+        if operation in ("shift", "divide") and self.policy.refuses_shift and not self.must(
                 "can_shift", lambda: self.adapter.can_shift(self.context)):
-            may_refuse = ErrorKind.REFUSED
-        self._operation(what, on_oracle, action, may_refuse=may_refuse, **details)
+            return ErrorKind.REFUSED
+        if operation == "remove" and self.policy.removal == "end_only":
+            seq, p1 = arguments["seq"], arguments["p1"]
+            held = range(self.sequences) if seq < 0 else (seq,)
+            if p1 >= 0 and any(self.oracles[0].pos_max(s) >= p1 for s in held):
+                return ErrorKind.REFUSED
+        return None
 
     @rule(data=st.data(), requires=[Capability.SEQ_REMOVE])
     def remove(self, data: Draws) -> None:
         """A position range of one sequence (or of every sequence, -1) removed: at the end, from the start, in
-        the middle, or all of it; a cell another sequence shares stays for that one."""
+        the middle, or all of it; a cell another sequence shares stays for that one. Declared removal end_only,
+        one that would leave cells after the range may be refused."""
         self._remove(data, data.draw(st.integers(-1, self.sequences - 1), label="sequence"))
 
     def _remove(self, data: Draws, seq: int) -> None:
         p0, p1 = self._range(data, max(seq, 0))
-        self._sequence_call(f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
+        self._sequence_call("remove", f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
                             lambda: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
 
     @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
@@ -300,8 +315,9 @@ class ModelMachine(ConformanceMachine):
 
     def _copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         nonempty = self.oracles[0].pos_max(dst) >= 0
-        self._sequence_call(f"copy [{p0}, {p1}) of sequence {src} into {'non-empty' if nonempty else 'empty'} "
-                            f"sequence {dst}", lambda o: o.copy(src, dst, p0, p1),
+        into = "non-empty" if nonempty else "empty"
+        self._sequence_call("copy", f"copy [{p0}, {p1}) of sequence {src} into {into} sequence {dst}",
+                            lambda o: o.copy(src, dst, p0, p1),
                             lambda: self.adapter.seq_copy(self.context, src, dst, p0, p1),
                             src=src, dst=dst, p0=p0, p1=p1)
 
@@ -313,7 +329,7 @@ class ModelMachine(ConformanceMachine):
         self._keep(data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence"))
 
     def _keep(self, seq: int) -> None:
-        self._sequence_call(f"keep sequence {seq}", lambda o: o.keep(seq),
+        self._sequence_call("keep", f"keep sequence {seq}", lambda o: o.keep(seq),
                             lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
 
     @rule(data=st.data(), requires=[Capability.SEQ_SHIFT])
@@ -330,7 +346,7 @@ class ModelMachine(ConformanceMachine):
         if least > most:
             return
         delta = data.draw(st.integers(least, most), label="delta")
-        self._sequence_call(f"shift [{p0}, {p1}) of sequence {seq} by {delta}",
+        self._sequence_call("shift", f"shift [{p0}, {p1}) of sequence {seq} by {delta}",
                             lambda o: o.shift(seq, p0, p1, delta),
                             lambda: self.adapter.seq_shift(self.context, seq, p0, p1, delta),
                             seq=seq, p0=p0, p1=p1, delta=delta)
@@ -376,7 +392,8 @@ class ModelMachine(ConformanceMachine):
         seq = self._a_sequence(data)
         p0, p1 = self._range(data, seq)
         d = data.draw(st.integers(1, 3), label="divisor")
-        self._sequence_call(f"divide [{p0}, {p1}) of sequence {seq} by {d}", lambda o: o.divide(seq, p0, p1, d),
+        self._sequence_call("divide", f"divide [{p0}, {p1}) of sequence {seq} by {d}",
+                            lambda o: o.divide(seq, p0, p1, d),
                             lambda: self.adapter.seq_divide(self.context, seq, p0, p1, d), seq=seq, p0=p0, p1=p1,
                             d=d)
 

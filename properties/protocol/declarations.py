@@ -240,6 +240,8 @@ def declaration_problems(adapter: Any) -> list[str]:
     if Capability.WHOLE_MODEL.value not in capabilities:
         if operations:
             problems.append(f"declares {', '.join(operations)} without whole_model, the contexts they work on")
+        if "norm" in (getattr(adapter, "mixed_precision", None) or {}):
+            problems.append("declares mixed_precision 'norm' without whole_model: only a whole model has RMSNorms")
         return problems
     for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage):
         try:

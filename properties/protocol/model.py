@@ -60,6 +60,8 @@ CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / Fals
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
 # whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
+FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
+REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
 
 
 class ModelPolicyError(TypeError):
@@ -83,6 +85,10 @@ class ModelPolicy:
       sequences: llama.cpp) or ``"not_drawn"`` (the suite never asks).
     - ``refuses_shift``: shifts and divides may be refused with ``refused`` when ``can_shift`` is false
       (a model whose cache cannot be re-rotated); the suite then expects refusal or success.
+    - ``removal``: which removals must succeed: ``"any"`` (every range) or ``"end_only"`` (a removal that
+      would leave cells of the sequence after the range may be refused with ``refused``, changing nothing:
+      llama.h's "Returns false if a partial sequence cannot be removed", transformers' ``crop``); removals to
+      the end and of whole sequences must still succeed, and the suite expects refusal or success of the rest.
     """
 
     contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
@@ -91,6 +97,7 @@ class ModelPolicy:
     copy_per_sequence: str = "merge"
     negative_shift: str = "removed"
     refuses_shift: bool = False
+    removal: str = "any"
 
     @classmethod
     def of(cls, adapter: Any) -> ModelPolicy:
@@ -111,7 +118,7 @@ class ModelPolicy:
             if not isinstance(given.get(name, False), bool):
                 raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
         for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
-                              ("negative_shift", NEGATIVE_SHIFTS)):
+                              ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS)):
             if name in given and given[name] not in allowed:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
         return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
@@ -124,7 +131,7 @@ class ModelPolicy:
         """For reports and failure messages."""
         return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
                 "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
-                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift}
+                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal}
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,8 @@ class ModelLimits:
     max_cells: int | None = None
     max_sequences: int | None = None
     max_batch: int | None = None  # tokens of one decode call (llama.cpp's n_batch)
+    # the model width a multiple of the heads (transformers' LlamaConfig refuses another, head_dim given or not)
+    model_width_divisible_by_heads: bool = False
 
     @classmethod
     def of(cls, adapter: Any) -> ModelLimits:
@@ -157,7 +166,10 @@ class ModelLimits:
         if unknown:
             raise ModelPolicyError(f"model_limits: unknown limit {', '.join(map(repr, unknown))}; known: {known}")
         for name, value in given.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if name in FLAG_LIMITS:
+                if not isinstance(value, bool):
+                    raise ModelPolicyError(f"model_limits[{name!r}] must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelPolicyError(f"model_limits[{name!r}] must be an int >= 1, got {value!r}")
         limits = cls(**given)
         if limits.min_vocab is not None and limits.max_vocab is not None and limits.min_vocab > limits.max_vocab:
@@ -179,6 +191,8 @@ class ModelLimits:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
             return f"head width {config.head_width} is not a multiple of {self.head_width_multiple}"
+        if self.model_width_divisible_by_heads and config.model_width % config.heads:
+            return f"model width {config.model_width} is not a multiple of {config.heads} heads"
         return None
 
     def context_problem(self, config: ContextConfig) -> str | None:
@@ -287,6 +301,6 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "SEQUENCE_OPERATIONS",
-           "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig", "ModelLimits",
-           "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
+__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "REMOVALS",
+           "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
+           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
