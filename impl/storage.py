@@ -146,5 +146,5 @@ def stored_in_blocks(rows: np.ndarray, block_format: str) -> np.ndarray:
         levels = np.clip(np.trunc(x * inverse + np.copysign(np.float32(0.5), x)), -127, 127)  # roundf, an int8
     else:
         levels = np.minimum(np.float32(15), np.floor(x * inverse + np.float32(8.5))) - np.float32(8)
-    read_back: np.ndarray = (levels * d.astype(np.float16).astype(np.float32)).reshape(rows.shape)
+    read_back: np.ndarray = np.reshape(levels * d.astype(np.float16).astype(np.float32), rows.shape)
     return read_back.astype(rows.dtype)
