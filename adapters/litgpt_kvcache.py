@@ -77,16 +77,15 @@ DTYPE = torch.float64
 VERSION = f"litgpt {_version('litgpt')}, torch {torch.__version__}"
 
 
-def _config(heads: int, kv_heads: int, head_width: int, model_width: int, rope: Any,
-            window: int | None = None) -> Config:
-    """litgpt's ``Config`` for one attention layer at the suite's widths (bias-free, like the oracle)."""
-    config = Config(n_embd=model_width, n_head=heads, n_query_groups=kv_heads, head_size=head_width,
-                    bias=False, attn_bias=False, n_layer=1, block_size=rope.max_positions,
-                    rotary_percentage=rope.rotary_width / head_width, rope_base=rope.base,
-                    rope_interleave=rope.style == "interleaved", vocab_size=1, padded_vocab_size=1,
-                    sliding_window_size=window, sliding_window_indices=None if window is None else [1])
-    config.rope_n_elem = rope.rotary_width  # int(r / dh * dh) may round down
-    return config
+def config_fields(heads: int, kv_heads: int, head_width: int, model_width: int, rope: Any,
+                  window: int | None = None) -> dict[str, Any]:
+    """litgpt's ``Config`` keywords for one attention layer at the suite's widths (bias-free, like the oracle), but
+    the RoPE pairing: every release from 0.5.11 on takes these (``rope_interleave`` came in 0.5.13)."""
+    return dict(n_embd=model_width, n_head=heads, n_query_groups=kv_heads, head_size=head_width,
+                bias=False, attn_bias=False, n_layer=1, block_size=rope.max_positions,
+                rotary_percentage=rope.rotary_width / head_width, rope_base=rope.base, vocab_size=1,
+                padded_vocab_size=1, sliding_window_size=window,
+                sliding_window_indices=None if window is None else [1])
 
 
 def _interleave_order(head_width: int, rotary_width: int) -> np.ndarray:
@@ -177,9 +176,18 @@ class LitGptAdapter:
         angles = torch.outer(torch.arange(config.block_size, dtype=DTYPE), theta).repeat(1, 2)
         return torch.cos(angles), torch.sin(angles)
 
+    def layer_config(self, heads: int, kv_heads: int, head_width: int, model_width: int, rope: Any,
+                     window: int | None = None) -> Config:
+        """litgpt's ``Config`` for one attention layer (``config_fields``), the pairing as ``rope_interleave``."""
+        config = Config(**config_fields(heads, kv_heads, head_width, model_width, rope, window),
+                        rope_interleave=rope.style == "interleaved")
+        config.rope_n_elem = rope.rotary_width  # int(r / dh * dh) may round down
+        return config
+
     def _layer(self, weights: Any, rope: Any, window: int | None = None) -> Layer:
         heads = weights.heads
-        config = _config(heads, weights.kv_heads, weights.wq.shape[1] // heads, weights.wq.shape[0], rope, window)
+        config = self.layer_config(heads, weights.kv_heads, weights.wq.shape[1] // heads, weights.wq.shape[0], rope,
+                                   window)
         attention = CausalSelfAttention(config, block_idx=0).to(DTYPE)
         _write(attention, weights)
         return Layer(attention, rope, *self._table(config))
@@ -194,7 +202,7 @@ class LitGptAdapter:
 
     def with_rope(self, layer: Layer, rope: Any) -> Layer:
         old = layer.attention.config
-        config = _config(old.n_head, old.n_query_groups, old.head_size, old.n_embd, rope)
+        config = self.layer_config(old.n_head, old.n_query_groups, old.head_size, old.n_embd, rope)
         attention = CausalSelfAttention(config, block_idx=0).to(DTYPE)
         attention.qkv, attention.proj = layer.attention.qkv, layer.attention.proj  # the same parameter objects
         return Layer(attention, rope, *self._table(config))

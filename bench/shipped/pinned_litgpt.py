@@ -27,24 +27,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from litgpt.config import Config
-from litgpt.model import CausalSelfAttention
 
 from adapters import litgpt_kvcache as published
-from adapters.litgpt_kvcache import DTYPE, BlockRows, Cache, Layer, Session, Snapshot, _write
-
-
-def _config(heads: int, kv_heads: int, head_width: int, model_width: int, rope: Any,
-            window: int | None = None) -> Config:
-    """The published ``_config`` without ``rope_interleave`` (a keyword 0.5.11 and 0.5.12 do not have)."""
-    if rope.style == "interleaved":
-        raise ValueError("litgpt before 0.5.13 has no interleaved RoPE (rope_interleaved is not declared)")
-    config = Config(n_embd=model_width, n_head=heads, n_query_groups=kv_heads, head_size=head_width,
-                    bias=False, attn_bias=False, n_layer=1, block_size=rope.max_positions,
-                    rotary_percentage=rope.rotary_width / head_width, rope_base=rope.base,
-                    vocab_size=1, padded_vocab_size=1,
-                    sliding_window_size=window, sliding_window_indices=None if window is None else [1])
-    config.rope_n_elem = rope.rotary_width  # int(r / dh * dh) may round down
-    return config
+from adapters.litgpt_kvcache import BlockRows, Cache, Session, Snapshot
 
 
 class PreInterleaveAdapter(published.LitGptAdapter):
@@ -54,19 +39,14 @@ class PreInterleaveAdapter(published.LitGptAdapter):
     capabilities = published.LitGptAdapter.capabilities - {"rope_interleaved"}
     mixed_precision: ClassVar[dict[str, str]] = {"rope": "float32"}
 
-    def _layer(self, weights: Any, rope: Any, window: int | None = None) -> Layer:
-        heads = weights.heads
-        config = _config(heads, weights.kv_heads, weights.wq.shape[1] // heads, weights.wq.shape[0], rope, window)
-        attention = CausalSelfAttention(config, block_idx=0).to(DTYPE)
-        _write(attention, weights)
-        return Layer(attention, rope, *self._table(config))
-
-    def with_rope(self, layer: Layer, rope: Any) -> Layer:
-        old = layer.attention.config
-        config = _config(old.n_head, old.n_query_groups, old.head_size, old.n_embd, rope)
-        attention = CausalSelfAttention(config, block_idx=0).to(DTYPE)
-        attention.qkv, attention.proj = layer.attention.qkv, layer.attention.proj  # the same parameter objects
-        return Layer(attention, rope, *self._table(config))
+    def layer_config(self, heads: int, kv_heads: int, head_width: int, model_width: int, rope: Any,
+                     window: int | None = None) -> Config:
+        """The published ``layer_config`` without ``rope_interleave`` (a keyword 0.5.11 and 0.5.12 do not have)."""
+        if rope.style == "interleaved":
+            raise ValueError("litgpt before 0.5.13 has no interleaved RoPE (rope_interleaved is not declared)")
+        config = Config(**published.config_fields(heads, kv_heads, head_width, model_width, rope, window))
+        config.rope_n_elem = rope.rotary_width  # int(r / dh * dh) may round down
+        return config
 
     def snapshot(self, cache: Cache) -> Snapshot:
         keys, values = cache.kv.k.numpy().copy(), cache.kv.v.numpy().copy()  # half-split: the model's order
