@@ -47,6 +47,7 @@ ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.InvalidLength: "invalid_length",
     errors.RowsEvicted: "evicted",
     errors.InvalidIndices: "invalid_indices",
+    errors.PrefillLongerThanWindow: "refused",
     **MODEL_ERROR_KINDS,
 }
 
@@ -271,6 +272,21 @@ class KeepsEveryRowAdapter(ReferenceAdapter):
 
 def make_keeps_every_row_adapter() -> KeepsEveryRowAdapter:
     return KeepsEveryRowAdapter()
+
+
+class PrefillWithinWindowAdapter(ReferenceAdapter):
+    """The reference whose windowed sessions refuse a prefill of more than W tokens with ``refused``, before any
+    block is prepared (litgpt from 0.5.13), declared."""
+
+    name = f"{ReferenceAdapter.name}[prefill within the window]"
+    capabilities = ReferenceAdapter.capabilities | {"prefill_within_window"}
+
+    def create_session(self, decoder: Decoder, capacity: int) -> DecodeSession:
+        return DecodeSession(decoder, capacity, prefill_within_window=True)
+
+
+def make_prefill_within_window_adapter() -> PrefillWithinWindowAdapter:
+    return PrefillWithinWindowAdapter()
 
 
 class ReAddForkAdapter(ReferenceAdapter):

@@ -16,7 +16,7 @@ import numpy as np
 
 from .attention import AttentionLayer, PreparedRows
 from .cache import LayerKvCache
-from .errors import CacheFull, InvalidLayerConfig, InvalidTokens, NonFiniteAttention
+from .errors import CacheFull, InvalidLayerConfig, InvalidTokens, NonFiniteAttention, PrefillLongerThanWindow
 from .parameters import Parameter
 from .rope import RopeConfig
 
@@ -116,8 +116,10 @@ def validate_tokens(tokens: object, vocab: int) -> np.ndarray:
 class DecodeSession:
     """One cache per block of ``model``; steps that commit across all blocks or none."""
 
-    def __init__(self, model: Decoder, capacity: int, keeps_every_row: bool = False) -> None:
+    def __init__(self, model: Decoder, capacity: int, keeps_every_row: bool = False,
+                 prefill_within_window: bool = False) -> None:
         self.model = model
+        self.prefill_within_window = prefill_within_window  # refuse a prefill of more than W tokens
         self.caches = tuple(LayerKvCache(block, 1, capacity, window=model.window, keeps_every_row=keeps_every_row)
                             for block in model.blocks)
         for block, cache in zip(model.blocks, self.caches):
@@ -165,6 +167,9 @@ class DecodeSession:
             cache.check_binding(block)  # parameters may have been written in place since creation
         if self.length + len(tokens) > self.capacity:  # bindings first, then capacity, as in chapter 37
             raise CacheFull(self.capacity)
+        window = self.model.window
+        if self.prefill_within_window and window is not None and len(tokens) > window:  # a valid step, refused
+            raise PrefillLongerThanWindow(len(tokens), window)
         hidden = self.model.embed(tokens, self.caches[0].next_position)  # [1, T, D]
         prepared: list[PreparedRows] = []
         for block, cache in zip(self.model.blocks, self.caches):

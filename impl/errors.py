@@ -250,3 +250,10 @@ class SequenceOperationRefused(KvCacheError):
     def __init__(self, operation: str, problem: str) -> None:
         self.operation, self.problem = operation, problem
         super().__init__(f"{operation}: {problem}")
+
+
+class PrefillLongerThanWindow(KvCacheError):
+    def __init__(self, tokens: int, window: int) -> None:
+        self.tokens, self.window = tokens, window
+        super().__init__(f"a prefill of {tokens} tokens is longer than the window of {window}; "
+                         f"prefill in chunks of at most {window} tokens")

@@ -27,6 +27,7 @@ from impl.conformance import (
     KeepsEveryRowAdapter,
     NodeLruPagedAdapter,
     PaddingPagePagedAdapter,
+    PrefillWithinWindowAdapter,
     QuantizedReferenceAdapter,
     ReferenceAdapter,
     RegisteredDuplicatesPagedAdapter,
@@ -459,6 +460,9 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "storage-uint4-zero-point-level": lambda: Declared(
         "storage-uint4-zero-point-level", QuantizedReferenceAdapter.capabilities,
         _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4, zero_point="level").storage),
+    # a windowed session that refuses a prefill of more than W tokens (litgpt from 0.5.13), declared
+    "prefill-within-window": lambda: Declared("prefill-within-window", REFERENCE | {"prefill_within_window"},
+                                              PrefillWithinWindowAdapter()),
     # a preallocated buffer without a full check: a write past its end raises IndexError, unmapped, unclaimed
     "unchecked-capacity": lambda: Declared("unchecked-capacity", REFERENCE - {"fixed_capacity"},
                                            UncheckedCapacityAdapter()),
@@ -505,6 +509,9 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "window-truncates-until-full-undeclared": (
         lambda: Declared("twin-window-until-full", REFERENCE, WindowUntilFullAdapter()), "cache_operations",
         {"windowed": True}, "expected success, got evicted"),
+    "prefill-within-window-undeclared": (
+        lambda: Declared("twin-prefill-within-window", REFERENCE, PrefillWithinWindowAdapter()), "session", {},
+        "expected success, got refused"),
     "window-truncates-until-full-claimed-by-the-reference": (
         lambda: Declared("twin-claims-until-full", REFERENCE | {"window_truncates_until_full"}), "cache_operations",
         {"windowed": True}, "expected evicted, got success"),

@@ -340,6 +340,22 @@ MUTANTS = (
              "            self._length = self._next_position = length\n"),),
            "refuses a truncation of a full window with evicted, after cutting its length (write then raise)",
            "window cache", factory="make_window_until_full_adapter"),
+    # -- a windowed session refusing prefills longer than W (prefill_within_window) --
+    Mutant("prefill_within_window_refuses_w_tokens", "decoder.py",
+           (("if self.prefill_within_window and window is not None and len(tokens) > window:",
+             "if self.prefill_within_window and window is not None and len(tokens) >= window:"),),
+           "declares it may refuse a prefill of more than W tokens, but refuses one of exactly W", "session",
+           factory="make_prefill_within_window_adapter"),
+    Mutant("prefill_within_window_refuses_after_writing", "decoder.py",
+           (("            raise PrefillLongerThanWindow(len(tokens), window)\n",
+             "            self.prefill_within_window = False  # write the prompt, then refuse it\n"
+             "            try:\n"
+             "                self._advance(tokens)\n"
+             "            finally:\n"
+             "                self.prefill_within_window = True\n"
+             "            raise PrefillLongerThanWindow(len(tokens), window)\n"),),
+           "refuses a prefill longer than the window with refused, after committing it (write then raise)",
+           "session", factory="make_prefill_within_window_adapter"),
     Mutant("reorder_values_forgotten", "cache.py",
            (("        self._values[...] = self._values[gather]\n", ""),),
            "reorders the keys of the batch but not the values", "cache operations"),

@@ -9,11 +9,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from impl.conformance import QuantizedReferenceAdapter
+from impl.conformance import QuantizedReferenceAdapter, ReferenceAdapter
 from impl.storage import StorageRule
 from kvcache_conformance.generate import LayerConfig
 from kvcache_conformance.judge.failures import (
@@ -27,9 +28,11 @@ from kvcache_conformance.judge.failures import (
 from kvcache_conformance.judge.policy import unchanged
 from kvcache_conformance.judge.tolerance import Judge
 from kvcache_conformance.machines.layer_model import CacheModel, LayerOracle
+from kvcache_conformance.machines.session import LONG_PREFILL_LOGITS
 from kvcache_conformance.oracle import FLOAT64, AttentionWeights, OracleInputError, RopeConfig
+from kvcache_conformance.run import profiles
 from kvcache_conformance.run.report import ConformanceReport, causes, suite_errors
-from kvcache_conformance.run.runner import cause_search, suite_error
+from kvcache_conformance.run.runner import cause_search, run_machine, suite_error
 from tests.mutants import MUTANTS, build
 from tests.test_report import _report
 
@@ -114,3 +117,27 @@ def test_a_full_cache_at_the_end_of_the_rope_range_offers_no_score_overflow() ->
     assert oracle.stored_score_overflows(model, 0, rng.uniform(-1, 1, 4)) is False
     model.cut(5)
     assert oracle.stored_score_overflows(model, 0, np.zeros(4)) is False  # (evaluated: a zero row never overflows)
+
+
+class _WrongPrefills(ReferenceAdapter):
+    """The reference whose windowed prefills of more than W tokens (``long``), or of 2..W tokens, return logits
+    off by 0.5: two bugs of one property and kind."""
+
+    def __init__(self, long: bool) -> None:
+        self.long = long
+
+    def prefill(self, session: Any, tokens: Any) -> np.ndarray:
+        logits = super().prefill(session, tokens)
+        window = session.model.window
+        if window is not None and 1 < len(tokens) and (len(tokens) > window) == self.long:
+            return logits + 0.5
+        return logits
+
+
+@pytest.mark.parametrize("long", [True, False], ids=["longer than W", "2 to W tokens"])
+def test_wrong_logits_of_a_prefill_longer_than_the_window_are_a_cause_apart(long: bool) -> None:
+    result = run_machine("session", _WrongPrefills(long), property_id="causes-long-prefill",
+                         settings=profiles.settings_for("ci", database=None, report_multiple_bugs=False),
+                         shrink_seconds=1.0)
+    assert isinstance(result.failure, NonConformance), result.failure
+    assert result.failure.check == (LONG_PREFILL_LOGITS if long else "logits"), result.failure

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.conformance import ReferenceAdapter, SinksRingAdapter, WindowUntilFullAdapter
+from impl.conformance import PrefillWithinWindowAdapter, ReferenceAdapter, SinksRingAdapter, WindowUntilFullAdapter
 from kvcache_conformance import generate as g
 from kvcache_conformance.generate.needs import LAYER_CONVENTION, Needs
 from kvcache_conformance.machines.layer import LayerCacheMachine
@@ -185,6 +185,32 @@ def test_the_window_run_truncates_rings_of_window_and_sinks_on_both_sides_of_ful
                          settings=profiles.settings_for("ci", max_examples=30, database=None))
     assert result.failure is None, result.failure
     assert {"full", "past W, not full"} <= seen
+
+
+def test_a_session_that_refuses_long_prefills_meets_prefills_of_w_and_of_more_than_w_tokens() -> None:
+    """prefill_within_window is judged both ways: the session machine hands windowed sessions prefills of exactly
+    W tokens (which must succeed) and of more than W (refused, changing nothing), with and without rows held."""
+    seen: set[str] = set()
+
+    class Counting(PrefillWithinWindowAdapter):
+        def prefill(self, session: Any, tokens: Any) -> Any:
+            window = session.model.window
+            if window is not None and isinstance(tokens, list) and session.length + len(tokens) <= session.capacity:
+                seen.add(("W" if len(tokens) == window else "more than W" if len(tokens) > window else "fewer")
+                         + (" onto rows held" if session.length else ""))
+            return super().prefill(session, tokens)
+
+    result = run_machine("session", Counting(), property_id="generators-prefill-within-window",
+                         settings=profiles.settings_for("ci", max_examples=60, database=None))
+    assert result.failure is None, result.failure
+    assert {"W", "more than W", "W onto rows held", "more than W onto rows held"} <= seen, seen
+
+
+def test_prefills_within_the_window_need_a_windowed_session() -> None:
+    lone: Any = type("Lone", (ReferenceAdapter,), {"capabilities": ReferenceAdapter.capabilities - {
+        "sliding_window"} | {"prefill_within_window"}})()
+    assert any("prefill_within_window" in problem for problem in declaration_problems(lone))
+    assert not declaration_problems(PrefillWithinWindowAdapter())
 
 
 def test_a_window_full_counting_sinks_needs_what_it_is_about() -> None:

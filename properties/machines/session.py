@@ -25,10 +25,10 @@ from .. import generate as g
 from ..generate.needs import DECODER_POSITIONS, Needs
 from ..judge.calls import Inputs
 from ..judge.failures import NonConformance
-from ..judge.policy import Due, Expect, Held
+from ..judge.policy import Due, Expect, Held, Observed
 from ..judge.tolerance import Reference
 from ..oracle import FLOAT64, AttentionWeights, DecoderTrace, NumberSystem, full_decoder, random_decoder_weights
-from ..protocol.decoder import BlockState
+from ..protocol.decoder import BlockState, longest_prefill
 from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
 from .base import (
@@ -44,8 +44,11 @@ from .base import (
 # What a prefill and a step with invalid tokens are drawn to meet: the first, where shrinking goes, is the session
 # as it is; the others are hard cases drawn on purpose, inside the rule (a rule of their own would thin the others).
 PREFILL_MEETS = ("the session as it is", "past the capacity of an empty session",
-                 "past the room of a session holding tokens")
+                 "past the room of a session holding tokens", "one token past the window, within the room")
 STEP_MEETS = ("the session as it is", "an empty session", "a session holding tokens")
+
+LONG_PREFILL_LOGITS = "logits of a prefill longer than the window"  # the check of a failure of §9.4's prefills
+
 
 class SessionMachine(ConformanceMachine):
     """Prefill, decode, reset, in-place weight updates, full sessions, invalid tokens, steps with two problems."""
@@ -98,17 +101,39 @@ class SessionMachine(ConformanceMachine):
         """One prefill or decode of ``tokens`` (None: an invalid sequence), judged by its first failing check; a
         valid one must return the oracle's logits (``[vocab]`` for one decoded token, else ``[T, vocab]``)."""
         due = Due.check(self._first_failing_check(tokens))
+
+        def observe() -> Observed:
+            return observed_blocks(self._blocks(what))
+
         if due.kind is not None:
-            self.call(what, action, due=due, inputs=handed, observe=lambda: observed_blocks(self._blocks(what)),
-                      replace=self._new_session, held=Held(held_block_rows, evicts=self.config.window is not None))
+            self.call(what, action, due=due, inputs=handed, observe=observe, replace=self._new_session,
+                      held=Held(held_block_rows, evicts=self.config.window is not None))
             return
         assert tokens is not None
+        if self._may_refuse(tokens):
+            due = Due(may_refuse=ErrorKind.REFUSED)
         trace = self._oracle(self.tokens + tokens)
         wanted, tolerance = self.judge.bound(trace, lambda t: t.logits[-1] if single else t.logits[len(self.tokens):])
-        logits = np.asarray(self.call(what, action, inputs=handed, output=wanted, tolerance=tolerance).value)
-        self.judge.close(logits, wanted, tolerance, what=f"{what}: logits", check="logits",
+        judged = self.call(what, action, due=due, inputs=handed, observe=observe, output=wanted, tolerance=tolerance)
+        if judged.refused:  # as declared: nothing changed (judged), nothing processed
+            return
+        logits = np.asarray(judged.value)
+        self.judge.close(logits, wanted, tolerance, what=f"{what}: logits", check=self._logits_check(tokens),
                          axes=("row", "vocab id"))
         self.tokens, self.trace = self.tokens + tokens, trace
+
+    def _logits_check(self, tokens: list[int]) -> str:
+        """What a logits mismatch names: a prefill longer than the window is a clause of its own (docs/spec.md
+        §9.4: it may be refused where declared, and is judged where taken), so its failures are a cause apart from
+        those of prefills within the window, and a user can baseline one without hiding the other."""
+        window = self.config.window
+        return LONG_PREFILL_LOGITS if window is not None and len(tokens) > window else "logits"
+
+    def _may_refuse(self, tokens: list[int]) -> bool:
+        """A valid prefill of more than W tokens, which a session declaring prefill_within_window may refuse
+        (docs/spec.md §9.4); one of at most W tokens must succeed."""
+        longest = longest_prefill(self.capabilities, self.config.window)
+        return longest is not None and len(tokens) > longest
 
     def _prefill(self, tokens: Any, problem: str | None = None) -> None:
         """Prefill ``tokens``: valid ids, or an invalid sequence described by ``problem``."""
@@ -137,9 +162,13 @@ class SessionMachine(ConformanceMachine):
             self._prefill(data.draw(g.token_lists(self.config.vocab), label="tokens"))
 
     def _fill(self, data: Draws, count: int) -> None:
-        """Prefill ``count`` valid tokens into the current session, if ``count`` > 0."""
+        """Prefill ``count`` valid tokens into the current session, if ``count`` > 0: in prefills of at most W
+        where a longer one may be refused, so that a set-up holds what it says."""
         if count > 0:
-            self._prefill(data.draw(g.token_lists(self.config.vocab, count, count), label="prompt"))
+            prompt = data.draw(g.token_lists(self.config.vocab, count, count), label="prompt")
+            size = longest_prefill(self.capabilities, self.config.window) or count
+            for first in range(0, count, size):
+                self._prefill(prompt[first:first + size])
 
     def _update_block(self, block: int, new: AttentionWeights) -> None:
         """Write block ``block``'s parameters in place: the session is stale, for every implementation
@@ -154,9 +183,17 @@ class SessionMachine(ConformanceMachine):
     def prefill(self, data: Draws) -> None:
         """T >= 1 tokens at once: causal inside the chunk, committed in every block or in none. On purpose, one
         token more than the room of an empty session or of one holding tokens: FULL (judged with fixed capacity),
-        and the rows held stay -- a session that writes what fits before its room check shows it only there."""
+        and the rows held stay -- a session that writes what fits before its room check shows it only there. And
+        W + 1 valid tokens into a windowed session with room: a ring wraps inside one prefill (the prefill that
+        prefill_within_window may refuse)."""
         meets = data.optional(g.on_purpose(*PREFILL_MEETS), "meets", PREFILL_MEETS[0])
-        if meets == PREFILL_MEETS[0]:
+        window = self.config.window
+        if meets == PREFILL_MEETS[3] and window is not None and window < self.capacity:
+            if len(self.tokens) + window + 1 > self.capacity or self.stale:
+                self._new_session()
+            self._prefill(data.draw(g.token_lists(self.config.vocab, window + 1, window + 1), label="tokens"))
+            return
+        if meets in (PREFILL_MEETS[0], PREFILL_MEETS[3]):
             self._prefill(data.draw(g.token_lists(self.config.vocab), label="tokens"))
             return
         if meets == PREFILL_MEETS[1]:

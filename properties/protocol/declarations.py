@@ -227,6 +227,10 @@ def declaration_problems(adapter: Any) -> list[str]:
     if counts_sinks in capabilities and not {until_full, Capability.ATTENTION_SINKS.value} <= capabilities:
         problems.append(f"declares {counts_sinks} without {until_full} and attention_sinks: it moves the threshold "
                         "of the one by the sinks of the other")
+    within_window = Capability.PREFILL_WITHIN_WINDOW.value
+    if within_window in capabilities and not {Capability.DECODE_SESSION.value, Capability.SLIDING_WINDOW.value} <= \
+            capabilities:
+        problems.append(f"declares {within_window} without decode_session and sliding_window, which it is about")
     if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
         problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {

@@ -12,6 +12,14 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..oracle import AttentionWeights, DecoderConfig, DecoderWeights
+from .kinds import Capability
+
+
+def longest_prefill(capabilities: frozenset[str], window: int | None) -> int | None:
+    """The most tokens a session must take in one valid prefill (docs/spec.md §9.4): ``W`` where the adapter
+    declares ``prefill_within_window`` and the decoder has a window (a longer one may be refused with ``refused``);
+    otherwise no bound (None)."""
+    return window if window is not None and Capability.PREFILL_WITHIN_WINDOW.value in capabilities else None
 
 
 @dataclass(frozen=True, eq=False)

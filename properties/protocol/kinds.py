@@ -45,7 +45,7 @@ class ErrorKind(str, Enum):
     INVALID_INDICES = "invalid_indices"  # reorder: not B int indices, each in [0, B)
     # whole models (docs/spec.md §15); FULL above is also a context with no room for a batch or a load
     MALFORMED_BATCH = "malformed_batch"  # empty; a token outside [0, vocab); positions not consecutive; unknown seq
-    REFUSED = "refused"  # a sequence operation not done: an argument outside its range, or one declared refusable
+    REFUSED = "refused"  # not done: a sequence operation (an argument out of range, or refusable), a long prefill
 
 
 class Capability(str, Enum):
@@ -99,6 +99,9 @@ class Capability(str, Enum):
     PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of spec §10
     PAGED_PREFIX_SHARING = "paged_prefix_sharing"  # a paged pool sharing hash-chained full blocks (spec §14)
     SLIDING_WINDOW = "sliding_window"  # decoders with a sliding attention window
+    # A windowed session that may refuse a prefill of more than W tokens with REFUSED, changing nothing (litgpt from
+    # 0.5.13: "chunked prefill with chunk size <= W"); one of at most W tokens must still succeed.
+    PREFILL_WITHIN_WINDOW = "prefill_within_window"
     POSITIONS_SINUSOIDAL = "positions_sinusoidal"  # absolute sinusoids added to the embedding
     POSITIONS_ROPE = "positions_rope"  # RoPE inside attention
     # whole models (``ModelAdapter``, docs/spec.md §15): decode batches over sequences; each operation optional
