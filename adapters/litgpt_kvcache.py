@@ -60,6 +60,10 @@ exposes (docs/litgpt/README.md): once the ring has wrapped, a chunk of more
 than one token is attended with a mask whose columns are absolute positions,
 not ring slots. ``make_no_window_adapter`` does not declare
 ``sliding_window``, to show that sessions conform without windows.
+``make_whole_prompt_adapter`` feeds every prompt in one forward, as litgpt's
+``generate`` does, and declares ``prefill_within_window`` (docs/spec.md
+§9.4): litgpt's refusal of a longer one is then allowed, as ``refused``,
+where it changes nothing.
 """
 
 from __future__ import annotations
@@ -164,6 +168,7 @@ class LitGptAdapter:
         "decode_session", "positions_rope", "sliding_window",
     })
     float64_table = False
+    whole_prompts = False  # a prompt longer than the window in chunks of W (litgpt's advice), or in one forward
 
     # -- layers --------------------------------------------------------------------------------------------------
 
@@ -259,6 +264,8 @@ class LitGptAdapter:
             return "full"  # a position past the mask or RoPE table
         if isinstance(error, ValueError) and "Positions in 'input_pos' must be in" in str(error):
             return "full"  # GPT.forward's input_pos_maxp1 check
+        if isinstance(error, ValueError) and "exceeds the sliding window size" in str(error):
+            return "refused"  # KVCache.forward, before its ring write: a prefill longer than the window (0.5.13 on)
         return None
 
     # -- the decoder of docs/spec.md §2.4: litgpt attention and KVCache per block, glue for the rest -------------
@@ -284,7 +291,7 @@ class LitGptAdapter:
             raise ValueError(f"Positions in 'input_pos' must be in [0,{session.capacity})")
         hidden = torch.nn.functional.embedding(ids, decoder.embedding)[None]  # [1, T, D]; bad ids raise here
         window = decoder.config.window
-        size = count if window is None else window  # litgpt: "chunked prefill with chunk size <= W"
+        size = count if window is None or self.whole_prompts else window  # "chunked prefill with chunk size <= W"
         outputs = []
         with torch.no_grad():
             for first in range(0, count, size):
@@ -334,6 +341,15 @@ class NoWindowAdapter(LitGptAdapter):
     capabilities = LitGptAdapter.capabilities - {"sliding_window"}
 
 
+class WholePromptAdapter(LitGptAdapter):
+    """As ``LitGptAdapter``, with every prompt one litgpt forward (as ``generate`` passes it), declaring that a
+    prompt longer than the window may be refused (``prefill_within_window``)."""
+
+    name = "litgpt-kvcache-whole-prompt"
+    capabilities = LitGptAdapter.capabilities | {"prefill_within_window"}
+    whole_prompts = True
+
+
 def make_adapter() -> LitGptAdapter:
     """litgpt as is (RoPE table in float32, declared as ``mixed_precision``)."""
     return LitGptAdapter()
@@ -347,3 +363,8 @@ def make_float64_rope_adapter() -> LitGptAdapter:
 def make_no_window_adapter() -> LitGptAdapter:
     """litgpt as is, without ``sliding_window``: isolates the ring-buffer finding."""
     return NoWindowAdapter()
+
+
+def make_whole_prompt_adapter() -> LitGptAdapter:
+    """litgpt as is, every prompt in one forward: a longer one than the window is refused, as declared."""
+    return WholePromptAdapter()

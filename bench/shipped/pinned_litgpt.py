@@ -15,14 +15,14 @@ The published adapter is written for 0.5.13. Two things of its API are younger:
 Everything else is the published adapter's own code: litgpt's ``CausalSelfAttention``, ``build_kv_cache``,
 ``build_rope_cache``, ``build_mask_cache`` and ``batched_index_select`` (the same in 0.5.11 to 0.5.13), the mask
 rows ``GPT.forward`` selects (its code is the same in the three releases), ``reset_parameters`` for reset, and
-prefills longer than the window fed in chunks of W tokens, as the published adapter does. The declarations are
+prefills longer than the window fed in chunks of W tokens, as the published adapter does (or, in
+``make_whole_prompt_adapter``, whole, declaring ``prefill_within_window``). The declarations are
 the published ``make_adapter``'s without ``rope_interleaved``, the same on every release this module is run on
 (0.5.13 included, where an entry compares it with an older release).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,21 +75,15 @@ def make_adapter() -> PreInterleaveAdapter:
 
 class WholePromptAdapter(PreInterleaveAdapter):
     """As ``PreInterleaveAdapter``, with every prefill one litgpt forward of the whole prompt, as litgpt's own
-    ``generate`` passes it. Not the catalogue's adapter: it shows what the W-chunks hide. On 0.5.12 a prompt longer
-    than the ring wraps inside one write (the bug of litgpt-prefill-overwrites-ring); on 0.5.13 the same prefill
-    is refused with litgpt's ValueError before any write, which no declaration lets the suite allow."""
+    ``generate`` passes it, declaring ``prefill_within_window`` (the published ``make_whole_prompt_adapter``): the
+    catalogue's adapter for litgpt-prefill-overwrites-ring. On 0.5.12 a prompt longer than the ring wraps inside one
+    write; on 0.5.13 the same prefill is refused with litgpt's ValueError before any write, as declared."""
 
     name = "litgpt-kvcache-pre-0.5.13-whole-prompt"
-
-    def prefill(self, session: Session, tokens: Any) -> np.ndarray:
-        window = session.decoder.config.window
-        session.decoder.config = replace(session.decoder.config, window=None)  # the chunk size: the whole prompt
-        try:
-            return super().prefill(session, tokens)
-        finally:
-            session.decoder.config = replace(session.decoder.config, window=window)
+    capabilities = PreInterleaveAdapter.capabilities | {"prefill_within_window"}
+    whole_prompts = True
 
 
 def make_whole_prompt_adapter() -> WholePromptAdapter:
-    """litgpt 0.5.12 / 0.5.13 with prompts in one forward (exploratory; see ``WholePromptAdapter``)."""
+    """litgpt 0.5.12 / 0.5.13 with prompts in one forward, a longer one than the window refusable, half-split only."""
     return WholePromptAdapter()
