@@ -294,11 +294,12 @@ class LayerSteps(ConformanceMachine):
     # subset of rules in every run, and each rule added thins every other one out (issue 23: two old mutants
     # survived eleven added rules).
 
-    def meet(self, data: Draws, cases: tuple[str, str, str] = MEETS) -> int:
+    def meet(self, data: Draws, cases: tuple[str, ...] = MEETS) -> int:
         """Where a call lands, drawn from ``cases`` (named for the call; by default ``MEETS``): 0, the cache as it
         is; 1, an empty cache (a fresh one if this one holds rows); 2, one holding rows (one or two valid rows
         appended first if it holds none) -- a lazily allocating cache shows a kept shape only when empty, a write
-        before the checks only over rows held. Traces of an earlier suite, without this draw, meet it as it is."""
+        before the checks only over rows held; a further case is the caller's to set up. Traces of an earlier
+        suite, without this draw, meet it as it is."""
         meets = cases.index(data.optional(g.on_purpose(*cases), "meets", cases[0]))
         if meets == 1:
             self.empty_cache()

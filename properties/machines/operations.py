@@ -29,7 +29,7 @@ from ..judge.policy import VALID, Due, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, rule
-from .layer_steps import LayerSteps, Parked, layer_needs, observed, shown
+from .layer_steps import MEETS, LayerSteps, Parked, layer_needs, observed, shown
 
 MAX_PARKED = 2  # live caches besides the one operated on
 OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capability.BATCH_REORDER],
@@ -38,6 +38,7 @@ OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capabil
 # plain case; the others are hard cases drawn on purpose (``LayerSteps.meet``).
 CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
+REJECTED_CHUNK_MEETS = (*MEETS, "a window cache that has wrapped")  # MEETS, and in a windowed run a wrapped ring
 
 
 class CacheOperationsMachine(LayerSteps):
@@ -81,9 +82,24 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data())
     def append_malformed_chunk(self, data: Draws) -> None:
         """Not a float64 ndarray, not 3-D, no token, another batch or width: the first in order decides. Into the
-        cache as it is, an empty one or one holding rows (``meet``)."""
-        self.meet(data)
+        cache as it is, an empty one or one holding rows (``meet``); in a windowed run also, on purpose, one that
+        has held more than W + S rows -- a ring that reorders its slots before the chunk raises shows it only
+        once it has wrapped."""
+        if self.window is None:
+            self.meet(data)
+        elif self.meet(data, REJECTED_CHUNK_MEETS) == len(MEETS):
+            self._wrap_the_window(data)
         self._append_malformed_chunk(data)
+
+    def _wrap_the_window(self, data: Draws) -> None:
+        """Valid rows appended (into a fresh cache if this one is stale or holds a peaked row) until the cache has
+        held W + S + 1 rows, or is full."""
+        assert self.window is not None
+        if self.model.stale or self.model.peaked:
+            self._new_cache()
+        while len(self.model.rows) < min(self.window + self.sinks + 1, self.config.capacity):
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
 
     @rule(requires=[Capability.CHUNKED_APPEND], data=st.data(), when=lambda self: not self.model.rows)
     def append_malformed_chunk_to_an_empty_cache(self, data: Draws) -> None:
