@@ -120,6 +120,10 @@ def test_a_pattern_may_name_what_a_call_that_raised_changed() -> None:
     pattern = CausePattern("test_layer_cache_conforms", "state changed by a call that raised", changed="keys, values")
     assert pattern.matches(_cause(kind=pattern.kind, changed=["keys", "values"]))
     assert not pattern.matches(_cause(kind=pattern.kind, changed=["length", "keys", "values"]))
+    either = CausePattern(pattern.property, pattern.kind, changed="keys | keys, values")
+    assert either.matches(_cause(kind=either.kind, changed=["keys"]))
+    assert either.matches(_cause(kind=either.kind, changed=["keys", "values"]))
+    assert not either.matches(_cause(kind=either.kind, changed=["keys", "values", "positions"]))
 
 
 def test_one_cause_in_two_reports_shares_kind_check_changes_and_a_rule() -> None:

@@ -42,14 +42,15 @@ class CausePattern:
     kind: str
     rule: str | None = None
     check: str | None = None
-    changed: str | None = None  # what a call that raised changed, comma-separated as the report lists it
+    # what a call that raised changed, comma-separated as the report lists it; alternatives apart by " | "
+    changed: str | None = None
     why: str | None = None  # for a known cause: what it is (a published finding, another bug)
 
     def matches(self, cause: dict[str, Any]) -> bool:
         return (cause["property"].rsplit("::", 1)[-1] == self.property and cause["kind"] == self.kind
                 and (self.rule is None or self.rule in (cause.get("rules") or [cause.get("rule")]))
                 and (self.check is None or cause.get("check") == self.check)
-                and (self.changed is None or ", ".join(cause.get("changed") or []) == self.changed))
+                and (self.changed is None or ", ".join(cause.get("changed") or []) in self.changed.split(" | ")))
 
     def described(self) -> str:
         return " ".join(f"{name} {getattr(self, name)!r}" for name in PATTERN_FIELDS if getattr(self, name))
