@@ -143,6 +143,20 @@ def non_prefix_selections(draw: st.DrawFn, batch_size: int) -> Argument:
     return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"rows {valid}")
 
 
+@st.composite
+def rearranging_reorders(draw: st.DrawFn, batch_size: int) -> Argument:
+    """Valid ``reorder`` indices (B >= 2) that move at least one row: B ints in [0, B), not the identity (a
+    permutation, or repeats and drops), as a list or an int64 array."""
+    if batch_size < 2:
+        raise ValueError(f"a reorder that moves a row needs a batch of 2 or more, not {batch_size}")
+    valid = draw(st.lists(st.integers(0, batch_size - 1), min_size=batch_size, max_size=batch_size),
+                 label="indices")
+    if valid == list(range(batch_size)):  # the identity moves nothing: row 0 takes row 1's place instead
+        valid[0] = 1
+    as_list = draw(st.booleans(), label="as a list")
+    return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"indices {valid}")
+
+
 def selection_problem(value: object, batch_size: int) -> ErrorKind | None:
     """What is wrong with ``select(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.7): anything but
     1 to B distinct ints in ``[0, B)`` (a list, or a 1-D integer array) is INVALID_INDICES."""

@@ -38,7 +38,9 @@ OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capabil
 # plain case; the others are hard cases drawn on purpose (``LayerSteps.meet``).
 CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
-REJECTED_CHUNK_MEETS = (*MEETS, "a window cache that has wrapped")  # MEETS, and in a windowed run a wrapped ring
+REORDERS = ("any indices", "a reorder that moves rows, on rows held")
+WRAPPED = "a window cache that has wrapped"  # a further case of a windowed run: a ring that has let rows go
+REJECTED_CHUNK_MEETS = (*MEETS, WRAPPED)
 
 
 class CacheOperationsMachine(LayerSteps):
@@ -62,14 +64,19 @@ class CacheOperationsMachine(LayerSteps):
         """T >= 1 valid rows at once, in any layout: causal inside the chunk, exact; or FULL if even one row
         does not fit (nothing written), or REVISION_MISMATCH if stale. On purpose, a chunk one row larger than
         the room of an empty cache or of one holding rows: a cache that writes what fits before its room check
-        shows it only over rows held."""
-        past_the_room = self.meet(data, CHUNK_MEETS) > 0
+        shows it only over rows held; in a windowed run also a chunk into a ring that has wrapped, where a chunk's
+        mask and the slots it overwrites are hardest."""
+        cases = CHUNK_MEETS if self.window is None else (*CHUNK_MEETS, WRAPPED)
+        meets = self.meet(data, cases)
+        if meets == len(CHUNK_MEETS):
+            self._wrap_the_window(data)
+        past_the_room = 0 < meets < len(CHUNK_MEETS)
         room = self.config.capacity - len(self.model.rows)
         if past_the_room:
             tokens = max(1, room + 1)
         else:
-            tokens = data.draw(st.integers(1, g.MAX_CHUNK) if room <= 0 else
-                               st.integers(1, min(room, g.MAX_CHUNK)) | st.just(room + 1), label="tokens")
+            # Within the room: the hard cases above go past it on purpose (this draw once did, half the time).
+            tokens = data.draw(st.integers(1, g.MAX_CHUNK if room <= 0 else min(room, g.MAX_CHUNK)), label="tokens")
         x = g.with_layout(data.draw(g.chunks(self.model.batch_size, tokens, self.config.model_width),
                                     label="chunk"), *data.draw(g.layouts(), label="layout"))
         due = self._due(tokens=tokens)
@@ -87,7 +94,7 @@ class CacheOperationsMachine(LayerSteps):
         once it has wrapped."""
         if self.window is None:
             self.meet(data)
-        elif self.meet(data, REJECTED_CHUNK_MEETS) == len(MEETS):
+        elif self.meet(data, REJECTED_CHUNK_MEETS) == REJECTED_CHUNK_MEETS.index(WRAPPED):
             self._wrap_the_window(data)
         self._append_malformed_chunk(data)
 
@@ -218,8 +225,17 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.BATCH_REORDER], data=st.data())
     def reorder(self, data: Draws) -> None:
         """Batch row b becomes the old row indices[b], along the batch axis only; repeats and drops allowed.
-        Invalid indices are INVALID_INDICES (where claimed), nothing changed."""
-        indices = data.draw(g.batch_indices(self.model.batch_size), label="indices")
+        Invalid indices are INVALID_INDICES (where claimed), nothing changed. On purpose (B >= 2), valid indices
+        that move a row, on rows held (one or two appended first if none are): a cache that gathers only part of
+        what it holds (a quantized cache its full-precision rows) shows it only there."""
+        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*REORDERS), "reorders",
+                                                              REORDERS[0]) == REORDERS[1]
+        if chosen:
+            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
+        if chosen and self.model.batch_size >= 2:
+            indices = data.draw(g.rearranging_reorders(self.model.batch_size), label="indices")
+        else:
+            indices = data.draw(g.batch_indices(self.model.batch_size), label="indices")
         what = f"reorder the batch by {indices.description}"
         handed = Inputs()
         given = handed("indices", indices.value)
