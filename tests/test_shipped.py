@@ -97,6 +97,21 @@ def test_a_cause_new_on_the_fixed_release_is_a_false_alarm_unless_known_or_alrea
     assert still.quiet == "no" and "still there" in still.new_on_fix[-1]
 
 
+def test_a_cause_only_the_fixed_releases_search_reached_is_not_new_if_its_trace_fails_alike_on_the_buggy_one() -> None:
+    """A report lists the causes its search reached first: a cause of the fixed release missing from the buggy
+    release's report is judged by replaying its trace there -- the same kind, check and changes: on both."""
+    other = {**_cause("append_malformed_row", kind="state changed by a call that raised", changed=["keys"]),
+             "traces": ["t.json"]}
+    alike = {"trace": "t.json", "status": "diverges", "kind": other["kind"], "check": "output", "changed": ["keys"]}
+    outcome = judge(BUG, _run("1.0", _cause()), _run("1.1", other), None, {"t.json": alike})
+    assert (outcome.quiet, outcome.new_on_fix, len(outcome.on_both_by_replay)) == ("yes", [], 1)
+    for differs in ({**alike, "changed": ["keys", "values"]}, {**alike, "status": "conforms"},
+                    {**alike, "kind": "output mismatch"}, {"trace": "t.json", "status": "error"}):
+        outcome = judge(BUG, _run("1.0", _cause()), _run("1.1", other), None, {"t.json": differs})
+        assert (outcome.quiet, len(outcome.new_on_fix), outcome.on_both_by_replay) == ("no", 1, []), differs
+    assert judge(BUG, _run("1.0", _cause()), _run("1.1", other), None).quiet == "no"  # not replayed: new
+
+
 def test_a_run_that_judged_nothing_is_an_error_never_a_verdict() -> None:
     outcome = judge(BUG, _run("1.0", error="collection errors"), _run("1.1"), None)
     assert outcome.caught == "error" and outcome.quiet == "yes" and outcome.errors

@@ -140,9 +140,15 @@ def test_the_replay_command_exits_by_verdict(capsys: pytest.CaptureFixture[str],
     assert replay.main([str(path), "--kv-impl", "impl.conformance:make_adapter"]) == 0
     mutant = recorded_mutant(trace.load(path))
     spec = build(mutant, tmp_path_factory.getbasetemp() / "mutants")
-    assert replay.main([str(path), "--kv-impl", spec]) == 1
+    verdicts = tmp_path_factory.mktemp("replay") / "verdicts.json"
+    assert replay.main([str(path), "--kv-impl", spec, f"--json={verdicts}"]) == 1
     out = capsys.readouterr().out
-    assert f"DIVERGES at step {trace.load(path)['failure']['step']}" in out
+    recorded = trace.load(path)["failure"]
+    assert f"DIVERGES at step {recorded['step']}" in out
+    [written] = json.loads(verdicts.read_text())  # for programs: the cause, as the recorded run had it
+    assert (written["trace"], written["status"], written["step"]) == (str(path), "diverges", recorded["step"])
+    assert (written["kind"], written["check"], written["changed"]) == (recorded["kind"], recorded["check"],
+                                                                      recorded.get("changed", []))
 
 
 def test_a_trace_from_another_suite_version_is_refused(tmp_path: Path) -> None:

@@ -17,7 +17,10 @@ from the two reports alone:
   as caught when a cause of the buggy release is gone on the fixed one: a miss the suite did not miss, to triage.
 - **quiet on the fix**: the fixed release's report has no cause that is the bug's, and none that is new -- not
   on the buggy release (same property, kind, check, what changed, and a rule in common) and not one of the
-  entry's ``run.known`` (other findings, each with its reason).
+  entry's ``run.known`` (other findings, each with its reason). A report lists the causes its search reached
+  first, so a cause of the fixed release missing from the buggy one's report is replayed, from its shrunk trace,
+  on the buggy release: if it fails there the same way (kind, check, what changed), it is on both releases, not
+  new (``on both by replay`` in the table's notes).
 - an **error** is a run that judged nothing: it could not start, a collection error, a suite error, no property
   ran, or it timed out. It is no verdict either way.
 """
@@ -144,6 +147,37 @@ def run_release(bug: Bug, version: str, profile: str, out: Path, reuse: bool, ti
     return result
 
 
+def replay_on(bug: Bug, version: str, traces: list[str], out: Path) -> list[dict[str, Any]]:
+    """Each trace replayed on ``bug``'s library at ``version`` (its environment, adapter and ``run.env``): the
+    replay's verdicts (``python -m properties.replay --json``), or one verdict of status "error" a trace."""
+    assert bug.run is not None
+    out.mkdir(parents=True, exist_ok=True)
+    verdicts, log = out / "verdicts.json", out / "replay.log"
+    verdicts.unlink(missing_ok=True)
+    try:
+        env = environments.release(bug.library, version, list(bug.run.install), bug.run.python, bug.run.torch,
+                                   dict(bug.run.env))
+    except environments.EnvironmentBuildError as error:
+        return [{"trace": trace, "status": "error", "message": f"environment: {error}"} for trace in traces]
+    command = [str(env.python), "-m", "properties.replay", "--quiet", f"--json={verdicts}",
+               f"--kv-impl={bug.run.adapter}", *traces]
+    with log.open("w") as written:
+        done = subprocess.run(command, cwd=ROOT, stdout=written, stderr=subprocess.STDOUT, check=False,
+                              env={**os.environ, **dict(bug.run.env)}, timeout=TIMEOUT)
+    try:
+        return list(json.loads(verdicts.read_text()))
+    except (OSError, ValueError):
+        return [{"trace": trace, "status": "error", "message": f"replay exited {done.returncode}; see {log}"}
+                for trace in traces]
+
+
+def fails_alike(cause: dict[str, Any], verdict: dict[str, Any]) -> bool:
+    """Whether a replayed trace failed as ``cause`` did: it diverged with the same kind, check and what changed."""
+    return verdict.get("status") == "diverges" and (verdict.get("kind"), verdict.get("check"),
+                                                    verdict.get("changed") or []) == \
+        (cause["kind"], cause.get("check"), cause.get("changed") or [])
+
+
 def same_cause(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """One cause seen in two reports: the same property, kind, check and what changed, met in a rule in common
     (a search may reach a cause first through another rule of the same program)."""
@@ -164,6 +198,7 @@ class Outcome:
     trace_steps: int | None  # the shrunk trace of the bug's cause
     cause: str | None  # the cause that is the bug, as the report says it
     new_on_fix: list[str]  # causes on the fixed release that are neither the buggy release's nor known
+    on_both_by_replay: list[str]  # fixed-only causes in the reports whose traces fail alike on the buggy release
     errors: list[str]
     buggy: ReleaseRun
     fixed: ReleaseRun
@@ -199,8 +234,20 @@ def _seconds(run: ReleaseRun, cause: dict[str, Any]) -> float | None:
     return min(found) if found else None
 
 
-def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun | None) -> Outcome:
+def unexplained(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun) -> list[dict[str, Any]]:
+    """The fixed release's causes that its report alone cannot explain: not on the buggy release's report and not
+    known (the bug's own cause, still there, is judged apart)."""
     assert bug.run is not None
+    return [c for c in fixed.causes if not any(same_cause(c, b) for b in buggy.causes)
+            and not any(k.matches(c) for k in bug.run.known) and not (bug.cause and bug.cause.matches(c))]
+
+
+def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun | None,
+          replayed: dict[str, dict[str, Any]] | None = None) -> Outcome:
+    """The outcome from the reports alone, and ``replayed``: verdicts of the fixed release's unexplained causes'
+    traces replayed on the buggy release, by trace path."""
+    assert bug.run is not None
+    replayed = replayed or {}
     errors = [f"{run.version} ({run.profile}): {run.error}" for run in (buggy, fixed, stronger)
               if run is not None and run.error]
     cause = None if buggy.error else _bug_cause(bug, buggy, fixed)
@@ -209,16 +256,42 @@ def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun |
         cause, caught_by = _bug_cause(bug, stronger, fixed), stronger
     caught = "error" if buggy.error else "yes" if caught_by is buggy and cause else \
         f"only {STRONGER}" if cause else "no"
-    new = [] if fixed.error or buggy.error else [
-        _label(c) for c in fixed.causes
-        if not any(same_cause(c, b) for b in buggy.causes) and not any(k.matches(c) for k in bug.run.known)]
+    unexplained_causes = [] if fixed.error or buggy.error else unexplained(bug, buggy, fixed)
+    on_both = [c for c in unexplained_causes
+               if any(fails_alike(c, replayed[t]) for t in c.get("traces") or () if t in replayed)]
+    new = [_label(c) for c in unexplained_causes if c not in on_both]
     still = bug.cause is not None and any(bug.cause.matches(c) for c in fixed.causes)
     quiet = "error" if fixed.error else "no" if new or still else "yes"
     return Outcome(bug.id, bug.library, f"{bug.buggy.version} -> {bug.fixed.version}", bug.expect["outcome"],
                    caught, quiet, _seconds(caught_by, cause) if cause else None,
                    _trace_steps(cause) if cause else None,
                    _label(cause, bug.cause.rule if bug.cause else None) if cause else None,
-                   new + (["the bug's cause is still there"] if still else []), errors, buggy, fixed, stronger)
+                   new + (["the bug's cause is still there"] if still else []), [_label(c) for c in on_both], errors,
+                   buggy, fixed, stronger)
+
+
+def replay_unexplained(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, out: Path) -> dict[str, dict[str, Any]]:
+    """The traces of the fixed release's unexplained causes replayed on the buggy release, by trace path; kept in
+    ``out/replayed.json`` beside the two reports they were made for."""
+    if buggy.error or fixed.error:
+        return {}
+    traces = [t for c in unexplained(bug, buggy, fixed) for t in c.get("traces") or ()]
+    if not traces:
+        return {}
+    verdicts = replay_on(bug, buggy.version, traces, out / "replay")
+    replayed = {v["trace"]: v for v in verdicts}
+    (out / "replayed.json").write_text(json.dumps({"buggy": buggy.report, "fixed": fixed.report, "on": buggy.version,
+                                                   "verdicts": replayed}, indent=1))
+    return replayed
+
+
+def _kept_replays(out: Path, buggy: ReleaseRun, fixed: ReleaseRun) -> dict[str, dict[str, Any]]:
+    kept = out / "replayed.json"
+    if not kept.is_file():
+        return {}
+    document = json.loads(kept.read_text())
+    return dict(document["verdicts"]) if (document["buggy"], document["fixed"]) == (buggy.report, fixed.report) \
+        else {}
 
 
 def run_bug(bug: Bug, out: Path, reuse: bool, stronger: bool, timeout: float) -> Outcome:
@@ -227,7 +300,7 @@ def run_bug(bug: Bug, out: Path, reuse: bool, stronger: bool, timeout: float) ->
     strong = None
     if stronger and not buggy.error and _bug_cause(bug, buggy, fixed) is None:
         strong = run_release(bug, bug.buggy.version, STRONGER, out / bug.id / "buggy-thorough", reuse, timeout)
-    return judge(bug, buggy, fixed, strong)
+    return judge(bug, buggy, fixed, strong, replay_unexplained(bug, buggy, fixed, out / bug.id))
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -245,7 +318,7 @@ def table(outcomes: list[Outcome]) -> str:
                  f"errors: {sum(o.caught == 'error' or o.quiet == 'error' for o in outcomes)}")
     for o in outcomes:
         for said in ([f"cause: {o.cause}"] if o.cause else []) + [f"new on the fix: {n}" for n in o.new_on_fix] + \
-                [f"error: {e}" for e in o.errors]:
+                [f"on both by replay: {n}" for n in o.on_both_by_replay] + [f"error: {e}" for e in o.errors]:
             lines.append(f"  {o.bug}: {said}")
     return "\n".join(lines)
 
@@ -307,7 +380,8 @@ def _from_kept(bug: Bug, out: Path) -> Outcome | None:
         runs[which] = ReleaseRun(**json.loads(kept.read_text())["run"]) if kept.is_file() else None
     if runs["buggy"] is None or runs["fixed"] is None:
         return None
-    return judge(bug, runs["buggy"], runs["fixed"], runs["buggy-thorough"])
+    return judge(bug, runs["buggy"], runs["fixed"], runs["buggy-thorough"],
+                 _kept_replays(out / bug.id, runs["buggy"], runs["fixed"]))
 
 
 if __name__ == "__main__":

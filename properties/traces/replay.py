@@ -12,12 +12,16 @@ worst error with its batch, head, position and feature, and the tolerance.
 
 A trace that needs a capability the implementation does not declare is not
 applicable: it says which, and where. Exit status: 0 if every trace conforms,
-1 if one diverges, 2 if one is not applicable or unreadable.
+1 if one diverges, 2 if one is not applicable or unreadable. ``--json FILE``
+also writes each trace's verdict for programs: its status, the step, and a
+divergence's cause (kind, check, what a call that raised changed), never to be
+read from the message.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +33,7 @@ import numpy as np
 
 from ..generate.needs import Needs, UnknownDeclaration, declared_here
 from ..judge.calls import AdapterHung
-from ..judge.failures import NonConformance, check_of, kind_of
+from ..judge.failures import NonConformance, cause_of
 from ..judge.policy import Expect
 from ..machines import MACHINES
 from ..oracle import FLOAT64, NumberSystem
@@ -45,8 +49,9 @@ class Verdict:
     step: int | None  # where it diverged or stopped applying
     message: str
     seconds: float = 0.0
-    kind: str | None = None  # a divergence's failure kind and the check that failed (judge.failures)
-    check: str | None = None
+    kind: str | None = None  # a divergence's cause (judge.failures): its kind, the check that failed, and what a
+    check: str | None = None  # call that raised changed, as a report's causes have them
+    changed: tuple[str, ...] = ()
 
     @property
     def conforms(self) -> bool:
@@ -59,8 +64,9 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
     start = time.perf_counter()
 
     def verdict(status: str, step: int | None, message: str, failure: BaseException | None = None) -> Verdict:
+        cause = cause_of(failure) if failure is not None else None
         return Verdict(status, step, message, time.perf_counter() - start,
-                       *((kind_of(failure), check_of(failure)) if failure is not None else (None, None)))
+                       *((cause.kind, cause.check, cause.changed) if cause is not None else ()))
 
     cls = MACHINES.get(document.get("machine", ""))
     if cls is None:
@@ -156,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{selection.DEFAULT_SPEC})")
     parser.add_argument("--oracle", default="float64", choices=selection.ORACLES)
     parser.add_argument("--quiet", action="store_true", help="print only each trace's verdict")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE",
+                        help="also write each trace's verdict here: status, step, kind, check, changed")
     options = parser.parse_args(argv)
     try:
         adapter = selection.configure(options.kv_impl, options.oracle)
@@ -163,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     worst = 0
+    verdicts: list[dict[str, Any]] = []
     for path in options.traces:
         print(f"== {path} against {adapter.name} {adapter.version} ({selection.selected_spec()})")
         try:
@@ -176,10 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         except codec.TraceError as error:
             print(f"   unreadable: {error}")
             worst = max(worst, 2)
+            verdicts.append({"trace": str(path), "status": "unreadable", "message": str(error)})
             continue
         where = "" if result.step is None else f" at step {result.step}"
         print(f"   {result.status.upper()}{where} ({result.seconds:.2f} s): {result.message.splitlines()[0]}")
         worst = max(worst, {"conforms": 0, "diverges": 1}.get(result.status, 2))
+        verdicts.append({"trace": str(path), "status": result.status, "step": result.step, "kind": result.kind,
+                         "check": result.check, "changed": list(result.changed), "message": result.message})
+    if options.json is not None:
+        options.json.write_text(json.dumps(verdicts, indent=1))
     return worst
 
 
