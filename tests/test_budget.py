@@ -14,6 +14,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from impl.conformance import make_adapter
+from kvcache_conformance.judge.failures import NonConformance, cause_of
 from kvcache_conformance.run import budget, profiles
 from kvcache_conformance.run.runner import run_machine
 from tests.misbehaving import ReturnsTheWrongDtype
@@ -84,6 +85,22 @@ def test_a_saved_counterexample_replays_first_and_is_shrunk_whatever_the_budget(
     assert again.failure is not None and not again.stopped_by_budget and not share.stopped
     assert str(again.failure).split("\n")[0] == str(found.failure).split("\n")[0]
     assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == saved
+
+
+def test_a_search_past_causes_set_aside_still_stops_where_its_share_is_spent(tmp_path: Path) -> None:
+    """The search for a further cause discards every example that fails by a cause already found: those are no
+    failure of this search, and the budget stops it as any other (it ran its thorough profile's ten times
+    max_examples of discarded examples, 17 minutes past a 10-minute share, on transformers 5.19.0)."""
+    adapter = ReturnsTheWrongDtype()  # every example fails by the same cause
+    found = run_machine("layer_cache", adapter, property_id="p::test_x", settings=_settings(tmp_path / "first"),
+                        shrink_seconds=1)
+    assert isinstance(found.failure, NonConformance)
+    share = budget.Share("p::test_x", 0.5, 100, "0.5s")
+    started = time.monotonic()
+    result = run_machine("layer_cache", adapter, property_id="p::test_x", settings=_settings(tmp_path / "next"),
+                         shrink_seconds=1, set_aside=frozenset({cause_of(found.failure)}), budget=share)
+    assert result.stopped_by_budget and share.stopped and result.failure is None
+    assert sum(result.met_again.values()) >= 1 and time.monotonic() - started < 30
 
 
 def test_progress_says_examples_done_and_time_left(tmp_path: Path) -> None:

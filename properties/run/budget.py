@@ -13,8 +13,9 @@ it (any other exception is saved as a failure, or taken for flaky data generatio
 stays right -- nothing is saved for a run cut short, and a saved example is deleted only once it has replayed in
 full and passed -- and nothing is shrunk. ``run_machine`` catches it at once. The budget never stops an example
 halfway, never before the first example of a search (a saved counterexample replays first), and never once an
-example has failed: shrinking has its own bound (``--kv-shrink-seconds``). A run may overrun its budget by about
-one example per process, plus the shrinking and the cause search of a failure.
+example has failed: shrinking has its own bound (``--kv-shrink-seconds``). An example the search for a further
+cause discards, because it failed by a cause already found, is no failure of that search. A run may overrun its
+budget by about one example per process, plus the shrinking and the cause search of a failure.
 """
 
 from __future__ import annotations

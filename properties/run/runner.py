@@ -110,9 +110,16 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     raised_before = NonConformance.raised
     failed_at: list[float] = []
 
+    def failed() -> bool:
+        """Whether an example of this search has failed: a failure with a cause set aside (its example discarded)
+        is none -- the search for the next cause meets the known ones all the time, and must still stop where its
+        budget is spent."""
+        met_again = sum(result.met_again.values()) + (len(last[0].met_again) if last else 0)
+        return NonConformance.raised - raised_before > met_again
+
     def build() -> recording.TracedMachine:
         if budget is not None:  # may raise BudgetSpent: before the example, never after a failure
-            budget.before_example(result.runs, failed=NonConformance.raised > raised_before)
+            budget.before_example(result.runs, failed=failed())
         if result.first_failing is None and NonConformance.raised > raised_before:
             result.first_failing = result.runs
             failed_at.append(time.monotonic())
