@@ -4,6 +4,7 @@ and the runner's judgement (caught, quiet on the fix, new causes, known ones, er
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 pytest.importorskip("tomllib", reason="the benchmark runs on Python 3.11 or later (tomllib)")
 
-from bench.shipped import catalogue, environments
+from bench.shipped import catalogue, environments, runner
 from bench.shipped.catalogue import Bug, CatalogueError, CausePattern, Release, Run
 from bench.shipped.runner import ReleaseRun, judge, same_cause
 
@@ -112,6 +113,16 @@ def test_a_cause_only_the_fixed_releases_search_reached_is_not_new_if_its_trace_
     assert judge(BUG, _run("1.0", _cause()), _run("1.1", other), None).quiet == "no"  # not replayed: new
 
 
+def test_a_run_of_some_entries_keeps_the_outcomes_of_the_others(tmp_path: Path) -> None:
+    kept = tmp_path / "outcomes.json"
+    first, second = judge(BUG, _run("1.0", _cause()), _run("1.1"), None), \
+        judge(Bug(**{**BUG.__dict__, "id": "lib-other"}), _run("1.0"), _run("1.1"), None)
+    runner._keep_outcomes(kept, [first, second])
+    again = judge(BUG, _run("1.0"), _run("1.1"), None)
+    runner._keep_outcomes(kept, [again])
+    assert {o["bug"]: o["caught"] for o in json.loads(kept.read_text())} == {"lib-bug": "no", "lib-other": "no"}
+
+
 def test_a_run_that_judged_nothing_is_an_error_never_a_verdict() -> None:
     outcome = judge(BUG, _run("1.0", error="collection errors"), _run("1.1"), None)
     assert outcome.caught == "error" and outcome.quiet == "yes" and outcome.errors
@@ -139,6 +150,14 @@ def test_a_pattern_may_name_what_a_call_that_raised_changed() -> None:
     assert either.matches(_cause(kind=either.kind, changed=["keys"]))
     assert either.matches(_cause(kind=either.kind, changed=["keys", "values"]))
     assert not either.matches(_cause(kind=either.kind, changed=["keys", "values", "positions"]))
+
+
+def test_a_pattern_may_name_one_instance_of_a_parametrised_property() -> None:
+    cause = {**_cause(prop="test_cache_operations_conform"),
+             "instances": ["properties/test_cache_operations.py::test_cache_operations_conform[window]"]}
+    assert CausePattern("test_cache_operations_conform", "output mismatch").matches(cause)
+    assert CausePattern("test_cache_operations_conform[window]", "output mismatch").matches(cause)
+    assert not CausePattern("test_cache_operations_conform[full]", "output mismatch").matches(cause)
 
 
 def test_one_cause_in_two_reports_shares_kind_check_changes_and_a_rule() -> None:

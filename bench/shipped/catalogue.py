@@ -36,7 +36,8 @@ class CatalogueError(ValueError):
 @dataclass(frozen=True)
 class CausePattern:
     """A cause of a report (``--kv-report``'s ``causes``) by its identity, never its message: the property's
-    function name, the failure kind, and optionally the rule it was met in and the claimed check."""
+    function name (with its parameters, ``test_cache_operations_conform[window]``, to name one of its instances), the
+    failure kind, and optionally the rule it was met in, the claimed check and what a call that raised changed."""
 
     property: str
     kind: str
@@ -47,10 +48,15 @@ class CausePattern:
     why: str | None = None  # for a known cause: what it is (a published finding, another bug)
 
     def matches(self, cause: dict[str, Any]) -> bool:
-        return (cause["property"].rsplit("::", 1)[-1] == self.property and cause["kind"] == self.kind
+        return (self._names_property_of(cause) and cause["kind"] == self.kind
                 and (self.rule is None or self.rule in (cause.get("rules") or [cause.get("rule")]))
                 and (self.check is None or cause.get("check") == self.check)
                 and (self.changed is None or ", ".join(cause.get("changed") or []) in self.changed.split(" | ")))
+
+    def _names_property_of(self, cause: dict[str, Any]) -> bool:
+        if "[" not in self.property:  # the function: any of its instances
+            return bool(cause["property"].rsplit("::", 1)[-1] == self.property)
+        return any(instance.rsplit("::", 1)[-1] == self.property for instance in cause.get("instances") or ())
 
     def described(self) -> str:
         return " ".join(f"{name} {getattr(self, name)!r}" for name in PATTERN_FIELDS if getattr(self, name))

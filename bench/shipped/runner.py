@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         outcomes.append(run_bug(bug, options.out, options.reuse, not options.no_stronger, options.timeout))
         print(f"{bug.id}: caught {outcomes[-1].caught}, quiet {outcomes[-1].quiet} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
-    (options.out / "outcomes.json").parent.mkdir(parents=True, exist_ok=True)
-    (options.out / "outcomes.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    if not options.table:
+        _keep_outcomes(options.out / "outcomes.json", outcomes)
     print(table(outcomes))
     if options.markdown:
         print(markdown(outcomes))
@@ -370,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     if unrun:
         print(f"not runnable here ({len(unrun)}): " + ", ".join(bug.id for bug in unrun))
     return 0
+
+
+def _keep_outcomes(path: Path, outcomes: list[Outcome]) -> None:
+    """``outcomes`` into ``path``, by entry: a run of some entries replaces theirs and keeps the others'."""
+    kept = {o["bug"]: o for o in json.loads(path.read_text())} if path.is_file() else {}
+    kept |= {o.bug: asdict(o) for o in outcomes}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(list(kept.values()), indent=1))
 
 
 def _from_kept(bug: Bug, out: Path) -> Outcome | None:
