@@ -123,11 +123,11 @@ class SessionMachine(ConformanceMachine):
         self.tokens, self.trace = self.tokens + tokens, trace
 
     def _logits_check(self, tokens: list[int]) -> str:
-        """What a logits mismatch names: a prefill longer than the window is a clause of its own (docs/spec.md
-        §9.4: it may be refused where declared, and is judged where taken), so its failures are a cause apart from
-        those of prefills within the window, and a user can baseline one without hiding the other."""
-        window = self.config.window
-        return LONG_PREFILL_LOGITS if window is not None and len(tokens) > window else "logits"
+        """What a logits mismatch names: where the adapter declares prefill_within_window, a prefill longer than the
+        window is judged by a clause of its own (docs/spec.md §9.4: it may be refused, and is judged where taken),
+        so its failures are a cause apart from those of prefills within the window, and a user can baseline one
+        without hiding the other. Undeclared, such a prefill is a prefill like any other (§9.1)."""
+        return LONG_PREFILL_LOGITS if self._may_refuse(tokens) else "logits"
 
     def _may_refuse(self, tokens: list[int]) -> bool:
         """A valid prefill of more than W tokens, which a session declaring prefill_within_window may refuse
