@@ -103,11 +103,13 @@ def test_a_cause_only_the_fixed_releases_search_reached_is_not_new_if_its_trace_
     release's report is judged by replaying its trace there -- the same kind, check and changes: on both."""
     other = {**_cause("append_malformed_row", kind="state changed by a call that raised", changed=["keys"]),
              "traces": ["t.json"]}
-    alike = {"trace": "t.json", "status": "diverges", "kind": other["kind"], "check": "output", "changed": ["keys"]}
+    alike = {"trace": "t.json", "status": "diverges", "kind": other["kind"], "check": "output", "changed": ["keys"],
+             "on": "1.0"}
     outcome = judge(BUG, _run("1.0", _cause()), _run("1.1", other), None, {"t.json": alike})
     assert (outcome.quiet, outcome.new_on_fix, len(outcome.on_both_by_replay)) == ("yes", [], 1)
     for differs in ({**alike, "changed": ["keys", "values"]}, {**alike, "status": "conforms"},
-                    {**alike, "kind": "output mismatch"}, {"trace": "t.json", "status": "error"}):
+                    {**alike, "kind": "output mismatch"}, {"trace": "t.json", "status": "error", "on": "1.0"},
+                    {**alike, "on": "1.1"}):
         outcome = judge(BUG, _run("1.0", _cause()), _run("1.1", other), None, {"t.json": differs})
         assert (outcome.quiet, len(outcome.new_on_fix), outcome.on_both_by_replay) == ("no", 1, []), differs
     assert judge(BUG, _run("1.0", _cause()), _run("1.1", other), None).quiet == "no"  # not replayed: new
@@ -140,6 +142,15 @@ def test_an_entry_without_a_cause_is_caught_by_a_cause_the_fix_took_away() -> No
     miss = Bug(**{**BUG.__dict__, "cause": None, "expect": {"outcome": "miss"}})
     assert judge(miss, _run("1.0", _cause()), _run("1.1"), None).caught == "yes"
     assert judge(miss, _run("1.0", _cause()), _run("1.1", _cause()), None).caught == "no"
+    # Not taken away if its trace fails alike on the fixed release (which a ci run there did not reach).
+    traced = {**_cause(), "traces": ["t.json"]}
+    there = {"trace": "t.json", "status": "diverges", "kind": "output mismatch", "check": "output", "changed": [],
+             "on": "1.1"}
+    assert judge(miss, _run("1.0", traced), _run("1.1"), None, {"t.json": there}).caught == "no"
+    assert judge(miss, _run("1.0"), _run("1.1"), _run("1.0", traced, profile="thorough"),
+                 {"t.json": there}).caught == "no"
+    assert judge(miss, _run("1.0", traced), _run("1.1"), None, {"t.json": {**there, "status": "conforms"}}).caught \
+        == "yes"
 
 
 def test_a_pattern_may_name_what_a_call_that_raised_changed() -> None:

@@ -20,7 +20,8 @@ from the two reports alone:
   entry's ``run.known`` (other findings, each with its reason). A report lists the causes its search reached
   first, so a cause of the fixed release missing from the buggy one's report is replayed, from its shrunk trace,
   on the buggy release: if it fails there the same way (kind, check, what changed), it is on both releases, not
-  new (``on both by replay`` in the table's notes).
+  new (``on both by replay`` in the table's notes). Likewise an entry without a cause: a cause of the buggy
+  release that the fixed release's report lacks counts only if its trace does not fail alike on the fixed release.
 - an **error** is a run that judged nothing: it could not start, a collection error, a suite error, no property
   ran, or it timed out. It is no verdict either way.
 """
@@ -211,12 +212,27 @@ def _label(cause: dict[str, Any], rule: str | None = None) -> str:
     return f"{cause['property'].rsplit('::', 1)[-1]}: {rule or cause.get('rule')}: {cause['label']}"
 
 
-def _bug_cause(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun) -> dict[str, Any] | None:
+def gone_candidates(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun) -> list[dict[str, Any]]:
+    """For an entry without a cause pattern (a miss): the buggy release's causes that the fixed release's report
+    lacks and that are not known -- the bug, if the suite did not miss it, or what the fixed release's search did
+    not reach (its replay on the fixed release tells)."""
+    known = bug.run.known if bug.run else ()
+    return [c for c in buggy.causes if not any(same_cause(c, f) for f in fixed.causes)
+            and not any(k.matches(c) for k in known)]
+
+
+def _bug_cause(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun,
+               replayed: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     if bug.cause is not None:
         return next((c for c in buggy.causes if bug.cause.matches(c)), None)
-    known = bug.run.known if bug.run else ()
-    return next((c for c in buggy.causes if not any(same_cause(c, f) for f in fixed.causes)
-                 and not any(k.matches(c) for k in known)), None)
+    return next((c for c in gone_candidates(bug, buggy, fixed)
+                 if not _fails_alike_there(c, replayed or {}, fixed.version)), None)
+
+
+def _fails_alike_there(cause: dict[str, Any], replayed: dict[str, dict[str, Any]], version: str) -> bool:
+    """Whether one of ``cause``'s traces, replayed on the release ``version``, failed there as it did here."""
+    return any(fails_alike(cause, replayed[t]) for t in cause.get("traces") or ()
+               if t in replayed and replayed[t].get("on") == version)
 
 
 def _trace_steps(cause: dict[str, Any]) -> int | None:
@@ -244,21 +260,20 @@ def unexplained(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun) -> list[dict[str
 
 def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun | None,
           replayed: dict[str, dict[str, Any]] | None = None) -> Outcome:
-    """The outcome from the reports alone, and ``replayed``: verdicts of the fixed release's unexplained causes'
-    traces replayed on the buggy release, by trace path."""
+    """The outcome from the reports and ``replayed``: the verdicts, by trace path, of traces replayed on the other
+    release (``replay_causes``)."""
     assert bug.run is not None
     replayed = replayed or {}
     errors = [f"{run.version} ({run.profile}): {run.error}" for run in (buggy, fixed, stronger)
               if run is not None and run.error]
-    cause = None if buggy.error else _bug_cause(bug, buggy, fixed)
+    cause = None if buggy.error else _bug_cause(bug, buggy, fixed, replayed)
     caught_by = buggy
     if cause is None and stronger is not None and not stronger.error:
-        cause, caught_by = _bug_cause(bug, stronger, fixed), stronger
+        cause, caught_by = _bug_cause(bug, stronger, fixed, replayed), stronger
     caught = "error" if buggy.error else "yes" if caught_by is buggy and cause else \
         f"only {STRONGER}" if cause else "no"
     unexplained_causes = [] if fixed.error or buggy.error else unexplained(bug, buggy, fixed)
-    on_both = [c for c in unexplained_causes
-               if any(fails_alike(c, replayed[t]) for t in c.get("traces") or () if t in replayed)]
+    on_both = [c for c in unexplained_causes if _fails_alike_there(c, replayed, buggy.version)]
     new = [_label(c) for c in unexplained_causes if c not in on_both]
     still = bug.cause is not None and any(bug.cause.matches(c) for c in fixed.causes)
     quiet = "error" if fixed.error else "no" if new or still else "yes"
@@ -270,37 +285,43 @@ def judge(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, stronger: ReleaseRun |
                    buggy, fixed, stronger)
 
 
-def replay_unexplained(bug: Bug, buggy: ReleaseRun, fixed: ReleaseRun, out: Path) -> dict[str, dict[str, Any]]:
-    """The traces of the fixed release's unexplained causes replayed on the buggy release, by trace path; kept in
-    ``out/replayed.json`` beside the two reports they were made for."""
+def replay_causes(bug: Bug, runs: list[ReleaseRun], fixed: ReleaseRun, out: Path,
+                  replayed: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``replayed`` and the traces a judgement from the reports alone could get wrong, replayed on the other release:
+    the fixed release's causes the buggy release's report lacks, on the buggy release; for an entry without a
+    cause pattern, the causes of each of ``runs`` (the buggy release, at ci or thorough) that the fixed release's
+    report lacks, on the fixed release. Kept in ``out/replayed.json``: a trace is named by the digest of its
+    steps, so its verdict on a release holds as long as the entry's adapter does."""
+    buggy = runs[0]
     if buggy.error or fixed.error:
-        return {}
-    traces = [t for c in unexplained(bug, buggy, fixed) for t in c.get("traces") or ()]
-    if not traces:
-        return {}
-    verdicts = replay_on(bug, buggy.version, traces, out / "replay")
-    replayed = {v["trace"]: v for v in verdicts}
-    (out / "replayed.json").write_text(json.dumps({"buggy": buggy.report, "fixed": fixed.report, "on": buggy.version,
-                                                   "verdicts": replayed}, indent=1))
+        return replayed
+    wanted = {buggy.version: [t for c in unexplained(bug, buggy, fixed) for t in c.get("traces") or ()],
+              fixed.version: [t for run in runs if bug.cause is None and not run.error
+                              for c in gone_candidates(bug, run, fixed) for t in c.get("traces") or ()]}
+    for version, traces in wanted.items():
+        todo = [t for t in traces if t not in replayed]
+        if todo:
+            replayed |= {v["trace"]: {**v, "on": version}
+                         for v in replay_on(bug, version, todo, out / "replay" / version)}
+    if replayed:
+        (out / "replayed.json").write_text(json.dumps(replayed, indent=1))
     return replayed
 
 
-def _kept_replays(out: Path, buggy: ReleaseRun, fixed: ReleaseRun) -> dict[str, dict[str, Any]]:
+def _kept_replays(out: Path) -> dict[str, dict[str, Any]]:
     kept = out / "replayed.json"
-    if not kept.is_file():
-        return {}
-    document = json.loads(kept.read_text())
-    return dict(document["verdicts"]) if (document["buggy"], document["fixed"]) == (buggy.report, fixed.report) \
-        else {}
+    return dict(json.loads(kept.read_text())) if kept.is_file() else {}
 
 
 def run_bug(bug: Bug, out: Path, reuse: bool, stronger: bool, timeout: float) -> Outcome:
     buggy = run_release(bug, bug.buggy.version, PROFILE, out / bug.id / "buggy", reuse, timeout)
     fixed = run_release(bug, bug.fixed.version, PROFILE, out / bug.id / "fixed", reuse, timeout)
+    replayed = replay_causes(bug, [buggy], fixed, out / bug.id, _kept_replays(out / bug.id) if reuse else {})
     strong = None
-    if stronger and not buggy.error and _bug_cause(bug, buggy, fixed) is None:
+    if stronger and not buggy.error and _bug_cause(bug, buggy, fixed, replayed) is None:
         strong = run_release(bug, bug.buggy.version, STRONGER, out / bug.id / "buggy-thorough", reuse, timeout)
-    return judge(bug, buggy, fixed, strong, replay_unexplained(bug, buggy, fixed, out / bug.id))
+        replayed = replay_causes(bug, [buggy, strong], fixed, out / bug.id, replayed)
+    return judge(bug, buggy, fixed, strong, replayed)
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -388,8 +409,7 @@ def _from_kept(bug: Bug, out: Path) -> Outcome | None:
         runs[which] = ReleaseRun(**json.loads(kept.read_text())["run"]) if kept.is_file() else None
     if runs["buggy"] is None or runs["fixed"] is None:
         return None
-    return judge(bug, runs["buggy"], runs["fixed"], runs["buggy-thorough"],
-                 _kept_replays(out / bug.id, runs["buggy"], runs["fixed"]))
+    return judge(bug, runs["buggy"], runs["fixed"], runs["buggy-thorough"], _kept_replays(out / bug.id))
 
 
 if __name__ == "__main__":
