@@ -163,6 +163,17 @@ def test_a_pattern_may_name_what_a_call_that_raised_changed() -> None:
     assert not either.matches(_cause(kind=either.kind, changed=["keys", "values", "positions"]))
 
 
+def test_a_pattern_may_name_either_of_two_kinds() -> None:
+    """A valid call that crashes after writing fails as "unexpected exception" or as a call that raised and changed
+    the state, whichever the judge meets first: one bug, two faces."""
+    either = CausePattern("test_layer_cache_conforms", "state changed by a call that raised | unexpected exception "
+                          "(ValueError)", rule="append_chunk")
+    assert either.matches(_cause("append_chunk", kind="unexpected exception (ValueError)"))
+    assert either.matches(_cause("append_chunk", kind="state changed by a call that raised", changed=["length"]))
+    assert not either.matches(_cause("append_chunk", kind="unexpected exception (IndexError)"))
+    assert not either.matches(_cause("append_rows", kind="unexpected exception (ValueError)"))
+
+
 def test_a_pattern_may_name_one_instance_of_a_parametrised_property() -> None:
     cause = {**_cause(prop="test_cache_operations_conform"),
              "instances": ["properties/test_cache_operations.py::test_cache_operations_conform[window]"]}

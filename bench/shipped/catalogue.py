@@ -40,7 +40,7 @@ class CausePattern:
     failure kind, and optionally the rule it was met in, the claimed check and what a call that raised changed."""
 
     property: str
-    kind: str
+    kind: str  # alternatives apart by " | ": one bug may fail one call in two ways (a raise that also wrote)
     rule: str | None = None
     check: str | None = None
     # what a call that raised changed, comma-separated as the report lists it; alternatives apart by " | "
@@ -48,7 +48,7 @@ class CausePattern:
     why: str | None = None  # for a known cause: what it is (a published finding, another bug)
 
     def matches(self, cause: dict[str, Any]) -> bool:
-        return (self._names_property_of(cause) and cause["kind"] == self.kind
+        return (self._names_property_of(cause) and cause["kind"] in self.kind.split(" | ")
                 and (self.rule is None or self.rule in (cause.get("rules") or [cause.get("rule")]))
                 and (self.check is None or cause.get("check") == self.check)
                 and (self.changed is None or ", ".join(cause.get("changed") or []) in self.changed.split(" | ")))
