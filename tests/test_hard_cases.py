@@ -8,7 +8,8 @@ are: a random run of the default profile reaches each case too, but "at least th
 - under a hit limit that drops the last hit, the paged request-key and duplicate rules reach hits that survive it,
   and a keyed prompt is added past a block an append filled;
 - valid selections other than the leading rows, and valid reorders that move rows, are made on caches holding rows;
-- in the window run, valid and malformed chunks meet a ring that has wrapped;
+- in the window run, valid and malformed chunks meet a ring that has wrapped; a windowed session decodes once its
+  window is full;
 - each rule keeps at least its floor (``FLOORS``) of a derandomised run's examples with everything declared.
 """
 
@@ -37,10 +38,11 @@ from kvcache_conformance.machines.operations import (
 )
 from kvcache_conformance.machines.paged import PagedCacheMachine
 from kvcache_conformance.machines.paged_rules import chain_keys, hit_candidates, shortest_prompt_with_hit
-from kvcache_conformance.machines.session import PREFILL_MEETS, STEP_MEETS, SessionMachine
+from kvcache_conformance.machines.session import DECODE_MEETS, PREFILL_MEETS, STEP_MEETS, SessionMachine
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.protocol.paged import HIT_LIMITS, PagedPolicy
 from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import without_local_constants
 
 EXAMPLES = 200  # twice the dev profile's: a case drawn in a quarter of its rule's calls is met well past three times
 # The rejection rules of the layer machines, each drawing (its "meets" draw) an empty cache or one holding rows.
@@ -121,6 +123,12 @@ FLOORS: dict[str, dict[str, float]] = {
 }
 
 
+def drive(machine: type, settings: Any) -> None:
+    """``machine`` as the suite runs machines: without Hypothesis's local constants (``without_local_constants``)."""
+    with without_local_constants():
+        run_state_machine_as_test(machine, settings=settings)
+
+
 def dev(examples: int = EXAMPLES) -> Any:
     """The default profile's settings, derandomised: the same programs every run."""
     return profiles.settings_for("dev", database=None, max_examples=examples, derandomize=True)
@@ -149,7 +157,8 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
 
         def call(self, what: str, action: Any, **details: Any) -> Judged:
             situation = ({"held": len(self.model.rows), "full": self.full, "wrapped": self.wrapped()}
-                         if hasattr(self, "model") else {"held": len(self.tokens)} if hasattr(self, "tokens") else {})
+                         if hasattr(self, "model") else {"held": len(self.tokens), "window": self.config.window}
+                         if hasattr(self, "tokens") else {})
             situation.update(reused=details.get("reused", 0), due=details.get("due"), meets=self.drawn_case())
             Seen.calls.append((self.tape.steps[-1].rule if self.tape.steps else "", what, situation))
             return super().call(what, action, **details)  # type: ignore[no-any-return]
@@ -195,7 +204,7 @@ LAYER_RUNS = [("layer_cache", LayerCacheMachine, {}), ("cache_operations", Cache
 def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, machine: type,
                                                                   parameters: dict[str, Any]) -> None:
     Seen.clear()
-    run_state_machine_as_test(watched(machine, make_full_declaration_adapter(), **parameters), settings=dev())
+    drive(watched(machine, make_full_declaration_adapter(), **parameters), dev())
     for rule in REJECTIONS + (() if machine is LayerCacheMachine else CHUNKED_REJECTIONS):
         met_both(rule, EMPTY, HELD)
     full = rejected("append_rows", "a full cache")
@@ -211,15 +220,18 @@ def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, mach
 @pytest.mark.slow
 def test_every_rejected_step_of_a_session_meets_an_empty_session_and_tokens_held() -> None:
     Seen.clear()
-    run_state_machine_as_test(watched(SessionMachine, make_full_declaration_adapter()), settings=dev())
+    drive(watched(SessionMachine, make_full_declaration_adapter()), dev())
     met_both("step_with_invalid_tokens", STEP_MEETS[1], STEP_MEETS[2], ("prefill", "decode"))
     met_both("prefill", PREFILL_MEETS[1], PREFILL_MEETS[2], ("prefill",))
+    past = [s for r, what, s in Seen.calls if r == "decode" and s["meets"] == DECODE_MEETS[1]
+            and what.startswith("decode") and s["due"] is not None and s["due"].kind is None]
+    assert len(past) >= 5 and all(s["held"] >= s["window"] for s in past), past  # the window is full, then a token
 
 
 @pytest.mark.slow
 def test_non_prefix_selections_are_made_on_caches_holding_rows() -> None:
     Seen.clear()
-    run_state_machine_as_test(watched(CacheOperationsMachine, make_full_declaration_adapter()), settings=dev())
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter()), dev())
     made = [(what, s) for r, what, s in Seen.calls if r == "select" and s["meets"] == SELECTIONS[1]
             and what.startswith("select")]
     assert len(made) >= 5 and all(s["held"] > 0 for _, s in made), len(made)
@@ -230,7 +242,7 @@ def test_non_prefix_selections_are_made_on_caches_holding_rows() -> None:
 @pytest.mark.slow
 def test_reorders_that_move_rows_are_made_on_caches_holding_rows() -> None:
     Seen.clear()
-    run_state_machine_as_test(watched(CacheOperationsMachine, make_full_declaration_adapter()), settings=dev())
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter()), dev())
     made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["meets"] == REORDERS[1]
             and what.startswith("reorder")]
     assert len(made) >= 5 and all(s["held"] > 0 and s["due"].kind is None for _, s in made), len(made)
@@ -243,8 +255,7 @@ def test_chunks_meet_a_window_that_has_wrapped() -> None:
     """In the window run, valid chunks (append_chunk) and malformed ones (append_malformed_chunk) that drew the
     wrapped ring meet one: fed more than W + S rows, or full."""
     Seen.clear()
-    run_state_machine_as_test(watched(CacheOperationsMachine, make_full_declaration_adapter(), windowed=True),
-                              settings=dev())
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter(), windowed=True), dev())
     for rule in ("append_chunk", "append_malformed_chunk"):
         met = [s for r, what, s in Seen.calls if r == rule and s["meets"] == WRAPPED and what.startswith("append a")
                and "chunk" in what]
@@ -257,7 +268,7 @@ def test_paged_hits_survive_the_hit_limit_and_reach_blocks_an_append_filled() ->
     """Under drops_last_hit (the full declaration), the request-key, append-filled and duplicate rules add prompts
     whose hits survive the limit -- where the older request-key rule, of two-block prompts, never hits."""
     Seen.clear()
-    run_state_machine_as_test(watched(PagedCacheMachine, make_full_declaration_adapter()), settings=dev(60))
+    drive(watched(PagedCacheMachine, make_full_declaration_adapter()), dev(60))
 
     def hits(rule: str) -> int:
         return sum(1 for r, what, s in Seen.calls if r == rule and what.startswith("add") and s["reused"] > 0)
@@ -281,9 +292,8 @@ def shares(run: str, adapter: Any, examples: int = FLOOR_EXAMPLES) -> dict[str, 
     shrinking). Derandomised, a run draws the same programs every time, so a floor is a promise, not a chance."""
     machine, parameters = RUNS[run]
     Seen.clear()
-    run_state_machine_as_test(watched(machine, adapter, **parameters),
-                              settings=profiles.settings_for("dev", database=None, max_examples=examples,
-                                                             derandomize=True))
+    drive(watched(machine, adapter, **parameters),
+          profiles.settings_for("dev", database=None, max_examples=examples, derandomize=True))
     return {rule: count / Seen.runs[0] for rule, count in Seen.examples.items()}
 
 

@@ -9,6 +9,7 @@ capabilities they were drawn for.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -668,3 +669,40 @@ def test_windowed_runs_respect_a_declared_smallest_window() -> None:
 
     run_state_machine_as_test(Watching, settings=profiles.settings_for("ci", database=None, max_examples=30))
     assert windows and min(windows) == 2
+
+
+def _derandomised_draws() -> list[int]:
+    drawn: list[int] = []
+
+    @settings(derandomize=True, max_examples=300, database=None, deadline=None)
+    @given(st.integers(0, 10**6))
+    def draw(value: int) -> None:
+        drawn.append(value)
+
+    draw()
+    return drawn
+
+
+def test_machine_runs_draw_without_the_constants_of_local_modules(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis draws now and then a literal of any local module imported so far. Machine runs do without them
+    (runner.without_local_constants), so a derandomised program depends on the suite's strategies only, not on
+    which modules are imported around it nor on their literals. Fails loudly if Hypothesis moves the private
+    name it replaces."""
+    from hypothesis.internal.conjecture import providers
+
+    from kvcache_conformance.run.runner import without_local_constants
+
+    assert callable(providers._get_local_constants) and hasattr(providers.CONSTANTS_CACHE, "cache")
+    literals = [100_003 + 7 * i for i in range(400)]  # in the drawn range, found nowhere else
+    (tmp_path / "kv_literals_module.py").write_text(f"LITERALS = {literals}\n")
+    with without_local_constants():
+        before = _derandomised_draws()
+        monkeypatch.syspath_prepend(str(tmp_path))
+        __import__("kv_literals_module")
+        after = _derandomised_draws()
+        assert len(providers._get_local_constants()) == 0
+    assert before == after and not set(after) & set(literals)
+    assert len(providers._get_local_constants()) > 0  # restored: Hypothesis's own behaviour outside machine runs
+    outside = _derandomised_draws()
+    assert set(outside) & set(literals), "Hypothesis no longer draws local constants: the replacement is moot"

@@ -46,6 +46,7 @@ from .base import (
 PREFILL_MEETS = ("the session as it is", "past the capacity of an empty session",
                  "past the room of a session holding tokens", "one token past the window, within the room")
 STEP_MEETS = ("the session as it is", "an empty session", "a session holding tokens")
+DECODE_MEETS = ("the session as it is", "a window that is full")  # the second: a windowed session with room only
 
 LONG_PREFILL_LOGITS = "logits of a prefill longer than the window"  # the check of a failure of §9.4's prefills
 
@@ -205,7 +206,16 @@ class SessionMachine(ConformanceMachine):
 
     @rule(data=st.data())
     def decode(self, data: Draws) -> None:
-        """One token: its logits, and every block's rows, are the oracle's."""
+        """One token: its logits, and every block's rows, are the oracle's. On purpose, in a windowed session with
+        room past W, a decode once the window is full (W tokens held, prefilled into a new session if fewer are or it
+        is stale): the first token whose window leaves a held one out -- a decode that ignores the window, or a ring
+        that overwrites the wrong slot, shows only from there."""
+        window = self.config.window
+        if window is not None and window < self.capacity and \
+                data.optional(g.on_purpose(*DECODE_MEETS), "meets", DECODE_MEETS[0]) == DECODE_MEETS[1]:
+            if len(self.tokens) < window or len(self.tokens) >= self.capacity or self.stale:
+                self._new_session()
+                self._fill(data, window)
         self._decode(data.draw(st.integers(0, self.config.vocab - 1), label="token"))
 
     @rule(data=st.data())

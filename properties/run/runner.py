@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, reporting
 from hypothesis import settings as Settings
 from hypothesis.errors import Unsatisfiable
-from hypothesis.internal.conjecture import engine
+from hypothesis.internal.conjecture import engine, providers
 from hypothesis.stateful import run_state_machine_as_test
 
 from ..generate.needs import Needs, declared_values
@@ -66,6 +66,25 @@ def _shrinking_for(seconds: float) -> Iterator[None]:
 
 _SHRINK_WARNINGS = ("WARNING: Hypothesis has spent more than", "PLEASE REPORT THIS",
                     "This test function exited early because it took too long to shrink")
+
+
+@contextmanager
+def without_local_constants() -> Iterator[None]:
+    """Hypothesis draws, one draw in twenty, a constant found in the source of any local module imported so far
+    (outside site-packages and the standard library): the suite's own in a clone, a test's, an adapter's. A
+    derandomised (ci) program then changed with any literal anywhere -- two mutants of machines no edit touched
+    survived an edit of others' strings -- and differed between a clone and an installed suite, inside pytest and
+    outside. Machine runs draw without them: the same programs wherever they run, whatever code is around them.
+    Hypothesis's own constants (boundaries, nasty floats) stay. The second private name of Hypothesis's the suite
+    sets, beside ``MAX_SHRINKING_SECONDS`` (tests/test_strategies.py fails loudly if it moves)."""
+    previous = providers._get_local_constants
+    providers._get_local_constants = providers.Constants  # an empty set of constants of each type
+    providers.CONSTANTS_CACHE.cache.clear()  # what each draw's constraints admit of them, cached
+    try:
+        yield
+    finally:
+        providers._get_local_constants = previous
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 @dataclass
@@ -152,7 +171,8 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     if budget is not None:
         budget.start_search()
     try:
-        with _shrinking_for(shrink_seconds), budget.quiet() if budget is not None else nullcontext():
+        with _shrinking_for(shrink_seconds), without_local_constants(), \
+                budget.quiet() if budget is not None else nullcontext():
             run_state_machine_as_test(build, settings=chosen)
     except run_budget.BudgetSpent:  # what ran passed; nothing saved, nothing shrunk
         result.stopped_by_budget = True
