@@ -77,7 +77,9 @@ def test_one_plain_run_finds_two_bugs_on_one_check_and_the_one_behind_them(tmp_p
     assert window["outcome"] == "failed", process.stdout[-3000:]
     found = window["causes"]
     changed = {(c["check"], tuple(c["changed"])) for c in found if c["kind"] == STATE_CHANGED}
-    assert len({c for c, _ in changed}) == 1 and len(changed) == 2, found  # one check, two ways: two causes
+    # One check, two ways: two causes at least (a program where both bugs act on one call, or where the physical
+    # storage shows one of the writes, is a further set of what changed).
+    assert len({c for c, _ in changed}) == 1 and len(changed) >= 2, found
     assert any(c["check"] == "output" for c in found), found  # the bug behind them
     traces = [c["trace"] for c in found]
     # Three bugs, at least three causes, each with its own trace. A fourth may come from two of them at once: the

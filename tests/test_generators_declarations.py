@@ -201,7 +201,7 @@ def test_a_session_that_refuses_long_prefills_meets_prefills_of_w_and_of_more_th
             return super().prefill(session, tokens)
 
     result = run_machine("session", Counting(), property_id="generators-prefill-within-window",
-                         settings=profiles.settings_for("ci", max_examples=60, database=None))
+                         settings=profiles.settings_for("ci", database=None))  # the ci profile's 100 examples
     assert result.failure is None, result.failure
     assert {"W", "more than W", "W onto rows held", "more than W onto rows held"} <= seen, seen
 
