@@ -47,10 +47,18 @@ def test_a_cause_is_its_kind_claimed_check_and_the_kinds_of_field_that_changed()
     with pytest.raises(NonConformance) as rows:
         unchanged({"block 0 keys": 0, "block 3 keys": 0}, {"block 0 keys": 1, "block 3 keys": 1}, "add")
     assert cause_of(length.value) == Cause(STATE_CHANGED, "batch_mismatch", ("length",))
-    assert cause_of(rows.value) == Cause(STATE_CHANGED, None, ("block keys",))  # one kind of field, whichever block
+    assert cause_of(rows.value) == Cause(STATE_CHANGED, None, ("block rows",))  # one kind of field, whichever block
     assert "block 0 keys 0 -> 1; block 3 keys 0 -> 1" in str(rows.value)  # every field that changed is named
     assert cause_of(length.value).label == "a call that raised changed length (claimed check: batch_mismatch)"
-    assert cause_of(rows.value).label == "a call that raised changed block keys"  # no unclaimed check named
+    assert cause_of(rows.value).label == "a call that raised changed block rows"  # no unclaimed check named
+    # A row written shows in its key, its value or both (a zero key over a zero key shows in neither): one cause.
+    causes = set()
+    for changed in (("keys",), ("values",), ("keys", "values")):
+        with pytest.raises(NonConformance) as written:
+            unchanged({"length": 1, **{f"physical {f}": 0 for f in changed}},
+                      {"length": 1, **{f"physical {f}": 1 for f in changed}}, "append")
+        causes.add(cause_of(written.value))
+    assert causes == {Cause(STATE_CHANGED, None, ("physical rows",))}
     assert Cause("output mismatch", "output").label == "output mismatch (output)"
 
 

@@ -72,8 +72,9 @@ class Cause:
 
     Two bugs failing one check are two causes when they change different things (one advances the length
     before a write that fails, another writes the rows first); one bug reached through several rules is one.
-    ``changed`` holds the kinds of field only (``block keys``, not ``block 3 keys``): which block a program
-    happened to touch does not make another bug."""
+    ``changed`` holds the kinds of field only (``block rows``, not ``block 3 keys``): which block a program
+    happened to touch does not make another bug, and neither does whether a row written showed in its key, its
+    value or both -- a key and a value are written together, and a zero written over a zero shows in neither."""
 
     kind: str
     check: str | None = None
@@ -98,9 +99,14 @@ def cause_of(error: BaseException) -> Cause:
     return Cause(kind_of(error))
 
 
+ROW_FIELDS = ("keys", "values")  # one row, written as a key and a value: what changed names it "rows"
+
+
 def field_kind(name: str) -> str:
-    """An observed field's name without its indices: ``block 3 keys`` -> ``block keys``."""
-    return " ".join(word for word in name.split() if not word.isdigit())
+    """An observed field's kind, for a cause's identity: its name without indices, keys and values as rows
+    (``block 3 keys`` -> ``block rows``, ``physical values`` -> ``physical rows``)."""
+    words = [word for word in name.split() if not word.isdigit()]
+    return " ".join(words[:-1] + ["rows"] if words and words[-1] in ROW_FIELDS else words)
 
 
 def _listed(names: tuple[str, ...]) -> str:
