@@ -99,7 +99,9 @@ def test_an_honest_float32_implementation_passes() -> None:
 def test_float16_storage_in_a_float32_implementation_fails() -> None:
     result = run_machine("layer_cache", StoresKeysInFloat16(), property_id="f16 keys", parameters=MHA, settings=CI)
     assert isinstance(result.failure, NonConformance)
-    assert "cached logical keys" in str(result.failure) and "exceeds tolerance" in str(result.failure)
+    # The keys it holds, or an output computed from them, whichever a program judges first: by the failure's check,
+    # never its message.
+    assert result.failure.check in ("cached keys", "output"), result.failure
 
 
 @pytest.mark.slow
