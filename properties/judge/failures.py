@@ -106,7 +106,7 @@ def field_kind(name: str) -> str:
     """An observed field's kind, for a cause's identity: its name without indices, keys and values as rows
     (``block 3 keys`` -> ``block rows``, ``physical values`` -> ``physical rows``)."""
     words = [word for word in name.split() if not word.isdigit()]
-    return " ".join(words[:-1] + ["rows"] if words and words[-1] in ROW_FIELDS else words)
+    return " ".join([*words[:-1], "rows"] if words and words[-1] in ROW_FIELDS else words)
 
 
 def _listed(names: tuple[str, ...]) -> str:
