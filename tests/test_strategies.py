@@ -706,3 +706,16 @@ def test_machine_runs_draw_without_the_constants_of_local_modules(tmp_path: Path
     assert len(providers._get_local_constants()) > 0  # restored: Hypothesis's own behaviour outside machine runs
     outside = _derandomised_draws()
     assert set(outside) & set(literals), "Hypothesis no longer draws local constants: the replacement is moot"
+
+
+def test_a_hypothesis_without_local_constants_runs_machines_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a Hypothesis release moves the private name, machine runs go on as Hypothesis draws (the test above fails
+    for us): a user's run must not stop on a name that is not there."""
+    from hypothesis.internal.conjecture import providers
+
+    from kvcache_conformance.run.runner import without_local_constants
+
+    monkeypatch.delattr(providers, "_get_local_constants")
+    with without_local_constants():
+        assert not hasattr(providers, "_get_local_constants")
+    assert not hasattr(providers, "_get_local_constants")
