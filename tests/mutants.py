@@ -359,6 +359,14 @@ MUTANTS = (
     Mutant("reorder_values_forgotten", "cache.py",
            (("        self._values[...] = self._values[gather]\n", ""),),
            "reorders the keys of the batch but not the values", "cache operations"),
+    Mutant("reorder_leaves_the_first_slot", "cache.py",
+           (("        self._keys[...] = self._keys[gather]  # fancy indexing copies first: in-place is safe\n"
+             "        self._values[...] = self._values[gather]\n",
+             "        self._keys[:, :, 1:] = self._keys[gather][:, :, 1:]\n"
+             "        self._values[:, :, 1:] = self._values[gather][:, :, 1:]\n"),),
+           "a reorder gathers every slot but the first, which stays in the old batch order (a cache that keeps its "
+           "first rows apart, a quantized block or a sink, and reorders only the rest: transformers 5.18's "
+           "QuantizedLayer, bench/shipped)", "cache operations"),
     Mutant("reorder_negative_index_wraps", "cache.py",
            (("if array.size and (array.min() < 0 or array.max() >= batch_size):",
              "if array.size and array.max() >= batch_size:"),),
