@@ -16,6 +16,7 @@ direction; when it is operated on again it is checked against the oracle.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -228,14 +229,7 @@ class CacheOperationsMachine(LayerSteps):
         Invalid indices are INVALID_INDICES (where claimed), nothing changed. On purpose (B >= 2), valid indices
         that move a row, on rows held (one or two appended first if none are): a cache that gathers only part of
         what it holds (a quantized cache its full-precision rows) shows it only there."""
-        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*REORDERS), "reorders",
-                                                              REORDERS[0]) == REORDERS[1]
-        if chosen:
-            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
-        if chosen and self.model.batch_size >= 2:
-            indices = data.draw(g.rearranging_reorders(self.model.batch_size), label="indices")
-        else:
-            indices = data.draw(g.batch_indices(self.model.batch_size), label="indices")
+        indices = self._batch_indices(data, REORDERS, "reorders", g.rearranging_reorders, g.batch_indices, "indices")
         what = f"reorder the batch by {indices.description}"
         handed = Inputs()
         given = handed("indices", indices.value)
@@ -245,6 +239,17 @@ class CacheOperationsMachine(LayerSteps):
         if judged.to_judge:
             self.model.gather(np.asarray(indices.value, dtype=np.int64))
 
+    def _batch_indices(self, data: Draws, cases: tuple[str, str], case_label: str,
+                       on_purpose: Callable[[int], Any], plain: Callable[[int], Any], label: str) -> Any:
+        """Indices over the batch: ``plain(B)``'s, or on purpose (``cases[1]``, B >= 2) ``on_purpose(B)``'s on rows
+        held, one or two appended first if none are -- a gather that moves only part of what it holds, or keeps
+        the leading rows whatever was asked, shows only there."""
+        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*cases), case_label, cases[0]) == cases[1]
+        if chosen:
+            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
+        strategy = on_purpose if chosen and self.model.batch_size >= 2 else plain
+        return data.draw(strategy(self.model.batch_size), label=label)
+
     # -- batch size ----------------------------------------------------------------------------------------
 
     @rule(requires=[Capability.BATCH_SELECT], data=st.data())
@@ -253,14 +258,8 @@ class CacheOperationsMachine(LayerSteps):
         keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed). On
         purpose (B >= 2), a valid selection other than the leading rows, on rows held (one or two appended first
         if none are): a select that keeps the first k rows whatever was asked shows only there."""
-        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*SELECTIONS), "selects",
-                                                              SELECTIONS[0]) == SELECTIONS[1]
-        if chosen:
-            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
-        if chosen and self.model.batch_size >= 2:
-            indices = data.draw(g.non_prefix_selections(self.model.batch_size), label="rows")
-        else:
-            indices = data.draw(g.batch_selections(self.model.batch_size), label="rows")
+        indices = self._batch_indices(data, SELECTIONS, "selects", g.non_prefix_selections, g.batch_selections,
+                                      "rows")
         self._regather(f"select the batch {indices.description}", indices.value,
                        g.selection_problem(indices.value, self.model.batch_size),
                        lambda given: self.adapter.select(self.cache, given), lambda: indices.value)
