@@ -125,6 +125,18 @@ def test_a_run_of_some_entries_keeps_the_outcomes_of_the_others(tmp_path: Path) 
     assert {o["bug"]: o["caught"] for o in json.loads(kept.read_text())} == {"lib-bug": "no", "lib-other": "no"}
 
 
+def test_a_selection_of_entries_it_cannot_run_lists_why_and_claims_no_recall(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bugs = catalogue.load()
+    library = next(name for name in {bug.library for bug in bugs}
+                   if all(bug.run is None for bug in bugs if bug.library == name))  # vllm: torch pins
+    runner.main(["--table", "--out", str(tmp_path), "--library", library])
+    printed = capsys.readouterr().out
+    assert "recall" not in printed
+    for bug in (bug for bug in bugs if bug.library == library):
+        assert f"{bug.id}: {bug.status['run'].split()[0]}" in printed
+
+
 def test_a_run_that_judged_nothing_is_an_error_never_a_verdict() -> None:
     outcome = judge(BUG, _run("1.0", error="collection errors"), _run("1.1"), None)
     assert outcome.caught == "error" and outcome.quiet == "yes" and outcome.errors

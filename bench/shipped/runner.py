@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -384,12 +385,16 @@ def main(argv: list[str] | None = None) -> int:
               f"({time.monotonic() - started:.0f} s)", flush=True)
     if not options.table:
         _keep_outcomes(options.out / "outcomes.json", outcomes)
-    print(table(outcomes))
-    if options.markdown:
-        print(markdown(outcomes))
+    if runnable:
+        print(table(outcomes))
+        if options.markdown:
+            print(markdown(outcomes))
     unrun = [bug for bug in bugs if bug.run is None]
-    if unrun:
-        print(f"not runnable here ({len(unrun)}): " + ", ".join(bug.id for bug in unrun))
+    if unrun:  # recall counts only entries run; these are listed with why, never counted as misses or catches
+        print(f"not runnable here ({len(unrun)}), not in the figures above:" if runnable else
+              f"nothing runnable selected; not runnable here ({len(unrun)}):")
+        for bug in unrun:
+            print(f"  {bug.id}: {textwrap.shorten(bug.status['run'], 160)}")
     return 0
 
 
