@@ -89,6 +89,11 @@ def dynamic_cache_float64_rope() -> PinnedDecoderAdapter:
     return PinnedDecoderAdapter(float64_rope=True)
 
 
+def dynamic_cache_operations() -> PinnedDynamicCacheAdapter:
+    """As ``adapters.hf_caches:dynamic_cache_operations``."""
+    return PinnedDynamicCacheAdapter()
+
+
 def quantized_cache_hqq() -> PinnedHqqCacheAdapter:
     """As ``adapters.hf_caches:quantized_cache_hqq``; needs hqq (``DISABLE_CUDA=1 pip install hqq==0.2.8.post1``)."""
     return PinnedHqqCacheAdapter()
