@@ -1,7 +1,8 @@
 """Adapters that misbehave on purpose, each in one way, around the reference implementation.
 
 Each misbehaves only once its cache holds a row, so Hypothesis can shrink to
-a two-step program, and so the verdict must name a step, not set-up.
+a two-step program, and so the verdict must name a step, not set-up
+(``AlwaysReturnsTheWrongDtype`` aside: a cause met in every example).
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ class ReturnsTheWrongDtype(_Misbehaving):
         busy = self._holds_rows(cache)
         output = super().step(layer, cache, x)
         return output.astype(np.float32) if busy else output
+
+
+class AlwaysReturnsTheWrongDtype(ReturnsTheWrongDtype):
+    """Fails every example with a step, the first step on an empty cache too: a cause met at once, every time."""
+
+    name = "misbehaving-wrong-dtype-always"
+
+    def _holds_rows(self, cache: Any) -> bool:
+        return True
 
 
 class RaisesAnUnmappedError(_Misbehaving):

@@ -17,7 +17,7 @@ from impl.conformance import make_adapter
 from kvcache_conformance.judge.failures import NonConformance, cause_of
 from kvcache_conformance.run import budget, profiles
 from kvcache_conformance.run.runner import run_machine
-from tests.misbehaving import ReturnsTheWrongDtype
+from tests.misbehaving import AlwaysReturnsTheWrongDtype, ReturnsTheWrongDtype
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def test_a_search_past_causes_set_aside_still_stops_where_its_share_is_spent(tmp
     """The search for a further cause discards every example that fails by a cause already found: those are no
     failure of this search, and the budget stops it as any other (it ran its thorough profile's ten times
     max_examples of discarded examples, 17 minutes past a 10-minute share, on transformers 5.19.0)."""
-    adapter = ReturnsTheWrongDtype()  # every example fails by the same cause
+    adapter = AlwaysReturnsTheWrongDtype()  # every example fails by the same cause, from its first step
     found = run_machine("layer_cache", adapter, property_id="p::test_x", settings=_settings(tmp_path / "first"),
                         shrink_seconds=1)
     assert isinstance(found.failure, NonConformance)
