@@ -124,6 +124,11 @@ def make_float32_model_adapter() -> LowPrecisionModelAdapter:
     return LowPrecisionModelAdapter("float32", "float16")
 
 
+def make_float32_cache_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a float32 cache (llama.cpp's ``--cache-type-k f32``): §8.3's rule throughout."""
+    return LowPrecisionModelAdapter("float32", "float32")
+
+
 def make_q8_0_model_adapter() -> LowPrecisionModelAdapter:
     """Float32 computation over llama.cpp's q8_0 cache (``--cache-type-k q8_0 --cache-type-v q8_0``)."""
     return LowPrecisionModelAdapter("float32", "q8_0")

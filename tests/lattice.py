@@ -359,6 +359,7 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                        model_policy={**ReferenceAdapter.model_policy,
                                                                      "negative_shift": "not_drawn"}),
     "model-float32-kv-float16": lambda: _low_precision("float16"),
+    "model-float32-kv-float32": lambda: _low_precision("float32", "float32"),  # docs/spec.md §8.3's rule throughout
     "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
     "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
     # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)

@@ -733,6 +733,18 @@ MODEL_MUTANTS = (
            (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
            "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
            "model", factory="model_conformance:make_q4_0_model_adapter"),
+    # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
+    Mutant("model_float32_probabilities_in_float16", "model.py",
+           (("        weights /= weights.sum(axis=-1, keepdims=True)\n",
+             "        weights = (weights / weights.sum(axis=-1, keepdims=True)).astype(np.float16).astype(self.dtype)\n"),),
+           "declares float32, but rounds its attention probabilities to float16",
+           "model", factory="model_conformance:make_float32_cache_model_adapter"),
+    Mutant("model_float32_logits_from_float16", "model.py",
+           (("        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype) @ self.output.T\n",
+             "        out: np.ndarray = (_rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype)\n"
+             "                           .astype(np.float16).astype(self.dtype) @ self.output.T)\n"),),
+           "declares float32, but rounds the final norm's output to float16 before the output head",
+           "model", factory="model_conformance:make_float32_cache_model_adapter"),
     # behind the reference declaring removal: end_only (impl.conformance:make_end_only_removal_adapter)
     Mutant("model_end_only_refuses_to_the_end", "model.py",
            (("        if self.end_only_removal and p1 >= 0:\n",
