@@ -736,11 +736,13 @@ MODEL_MUTANTS = (
     # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
     Mutant("model_float32_probabilities_in_float16", "model.py",
            (("        weights /= weights.sum(axis=-1, keepdims=True)\n",
-             "        weights = (weights / weights.sum(axis=-1, keepdims=True)).astype(np.float16).astype(self.dtype)\n"),),
+             "        weights = (weights / weights.sum(axis=-1, keepdims=True))"
+             ".astype(np.float16).astype(self.dtype)\n"),),
            "declares float32, but rounds its attention probabilities to float16",
            "model", factory="model_conformance:make_float32_cache_model_adapter"),
     Mutant("model_float32_logits_from_float16", "model.py",
-           (("        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype) @ self.output.T\n",
+           (("        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype)"
+             " @ self.output.T\n",
              "        out: np.ndarray = (_rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype)\n"
              "                           .astype(np.float16).astype(self.dtype) @ self.output.T)\n"),),
            "declares float32, but rounds the final norm's output to float16 before the output head",
