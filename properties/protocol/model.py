@@ -176,6 +176,10 @@ class ModelLimits:
             raise ModelPolicyError(f"model_limits: min_vocab {limits.min_vocab} > max_vocab {limits.max_vocab}")
         return limits
 
+    def described(self) -> dict[str, Any]:
+        """The limits that differ from the suite's own ranges (for reports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
     def model_problem(self, config: ModelConfig) -> str | None:
         """Why a model of this configuration is outside the limits (None: inside)."""
         bounds = [("max_vocab", config.vocab), ("max_model_width", config.model_width),

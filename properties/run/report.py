@@ -301,7 +301,9 @@ def markdown(document: dict[str, Any]) -> str:
                   "a larger budget runs more.", ""]
     lines += [
         f"- implementation: `{impl['spec']}`, dtype {impl['dtype']}; capabilities: {', '.join(impl['capabilities'])}"
-        + (f"; layers drawn only within {impl['layer_limits']}" if impl.get("layer_limits") else ""),
+        + (f"; layers drawn only within {impl['layer_limits']}" if impl.get("layer_limits") else "")
+        + (f"; whole models: kv_storage {impl['kv_storage']}, model_policy {impl['model_policy']}, model_limits "
+           f"{impl['model_limits'] or 'none'}" if "model_policy" in impl else ""),
         f"- rule: {document['rule']}",
         f"- suite {suite['version']} at {suite['commit'] or 'an unknown commit'}; Python {env['python']}, "
         f"numpy {env['numpy']}, Hypothesis {env['hypothesis']}",
