@@ -540,38 +540,52 @@ class ModelMachine(ConformanceMachine):
         if not self._save(src):
             return
         count = self.saved[-1][2]
-        dst = self._a_sequence(data, "destination")
-        sharing = self._sharing_the_store(dst)
-        aim = data.draw(st.sampled_from(ROOM_AIMS if len(sharing) > 1 else ROOM_AIMS[:1]), label="aim")
+        oracle = self.oracles[0]
+        own = {seq: sum(1 for cell in oracle.cells_of(seq) if cell.sequences == {seq}) for seq in range(self.sequences)}
+        # too full even so: a destination of fewer own cells than the state, other sequences in its store to fill
+        short = [seq for seq in range(self.sequences) if seq != src and own[seq] < count
+                 and len(self._sharing_the_store(seq)) > 1]
+        aim = data.draw(st.sampled_from(ROOM_AIMS if short else ROOM_AIMS[:1]), label="aim")
         if aim == ROOM_AIMS[0]:  # tokens of dst keep free + own cells alike: once free < count, its own make room
+            dst = self._a_sequence(data, "destination")
             self._fill(data, dst, count - 1, [dst])
         else:  # other sequences' tokens leave fewer free cells than count, dst's own counted
-            own = sum(1 for cell in self.oracles[0].cells_of(dst) if cell.sequences == {dst})
-            self._fill(data, dst, max(count - 1 - own, 0), sharing[1:])
+            dst = data.draw(st.sampled_from(short), label="destination")
+            self._fill(data, dst, count - 1 - own[dst], self._sharing_the_store(dst)[1:])
         self._load(data, "this context", index=len(self.saved) - 1, seq=dst)
         self._decode_one(data, dst)
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE], when=lambda self: bool(self.moves))
     def save_with_a_move_pending(self, data: Draws) -> None:
         """A sequence shifted or divided and saved before any decode (an engine that moves keys lazily has the move
-        still to apply), then loaded -- into itself, another sequence, a fresh context, or cells freed while the
-        move was pending -- and a token of it decoded."""
+        still to apply), then loaded into itself, another sequence, or another sequence into the cells it held,
+        freed while the move was pending; then a token of it decoded."""
+        places = [p for p in LOAD_PLACES if p != LOAD_PLACES[2] and (p != LOAD_PLACES[3]
+                                                                    or self.has(Capability.SEQ_REMOVE))]
+        self._save_moved_then_load(data, lambda: data.draw(st.sampled_from(places), label="loaded into"))
+
+    @rule(data=st.data(), requires=[Capability.SEQ_STATE], when=lambda self: bool(self.moves))
+    def save_with_a_move_pending_into_a_fresh_context(self, data: Draws) -> None:
+        """A sequence shifted or divided and saved before any decode, then loaded into a new empty context of the
+        same model (where nothing is pending), and a token of it decoded."""
+        self._save_moved_then_load(data, lambda: LOAD_PLACES[2])
+
+    def _save_moved_then_load(self, data: Draws, place: Any) -> None:
         seq = self._a_sequence(data)
         self._held(data, seq)
         self._move_one(data, seq)
         if not self._save(seq):
             return
-        places = [p for p in LOAD_PLACES if p != LOAD_PLACES[3] or self.has(Capability.SEQ_REMOVE)]
-        where = data.draw(st.sampled_from(places), label="loaded into")
-        other = (seq + 1) % self.sequences
+        where = place()
         if where == LOAD_PLACES[2]:
             self._new_context()
         if where == LOAD_PLACES[3]:  # its cells freed, the move still pending, and another sequence loaded there
             self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}", lambda o: o.remove(seq, -1, -1),
                                 lambda: self.adapter.seq_remove(self.context, seq, -1, -1), seq=seq, p0=-1, p1=-1)
-        target = seq if where in (LOAD_PLACES[0], LOAD_PLACES[2]) else other
-        self._load(data, "a fresh context" if where == LOAD_PLACES[2] else "this context",
-                   index=len(self.saved) - 1, seq=target)
+        target = seq if where in (LOAD_PLACES[0], LOAD_PLACES[2]) else (seq + 1) % self.sequences
+        if self._load(data, "a fresh context" if where == LOAD_PLACES[2] else "this context",
+                      index=len(self.saved) - 1, seq=target) and self.saved[-1][2]:
+            self.exercised(f"move pending at save, loaded into {where}")
         self._decode_one(data, target)
 
     @rule(data=st.data(), when=lambda self: bool(self.moves))
