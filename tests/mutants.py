@@ -752,7 +752,8 @@ MODEL_MUTANTS = (
            "refuses numpy integer token ids (np.int64, np.int32) as a malformed batch", "model"),
     Mutant("model_saved_state_reads_the_live_context", "model.py",
            (("        return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),\n"
-             "                             self.keys[stream][:, picked].copy(), self.values[stream][:, picked].copy())\n",
+             "                             self.keys[stream][:, picked].copy(), "
+             "self.values[stream][:, picked].copy())\n",
              "        context = self\n\n"
              "        class Live(SequenceState):  # the saved slots, read from this context when loaded\n"
              "            def __init__(self) -> None:\n"
