@@ -5,10 +5,12 @@ alike: it says what each call is due (it refuses with the spec's kind before cha
 decode's logits are its own. For a low-precision adapter a second cell model computes the naive baseline in
 the declared dtype over the declared ``kv_storage`` (docs/spec.md §15.6), whose error sets the tolerance.
 
-Rules interleave, over two or three sequences: prompts, single tokens and batches mixing sequences; removals
-at the end, in the middle and of every sequence; copies (whole and range, into empty and non-empty
-sequences); keeps, shifts, divides; saves and loads (the same id, another id, a fresh context); clears;
-malformed batches, batches past the room, operations on unknown sequences. Every logit asked for is
+Rules interleave, over two or three sequences: prompts, single tokens and batches mixing sequences (ids and
+positions as Python or numpy ints); removals at the end, in the middle and of every sequence (ranges open at
+any negative end); copies (whole and range, into empty and non-empty sequences); keeps, shifts, divides;
+shifts past ``max_positions`` (outside the model: judged only by §5.1); saves and loads (the same id, another
+id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
+the room, operations on unknown sequences. Every logit asked for is
 compared with the oracle, and after every rule every sequence's smallest and largest positions. A call that
 raised must change nothing: the positions are compared at once, the cells by the logits of what comes next.
 """
