@@ -467,11 +467,11 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_SHIFT])
     def shift_past_the_model(self, data: Draws) -> None:
-        """A sequence's last cells (or all) shifted to ``max_positions`` or past it: outside the model
-        (docs/spec.md §15.4). Engines differ -- llama.cpp's ``seq_add`` bounds nothing and rotates at any
-        position, a RoPE table of ``max_positions`` rows cannot -- so only §5.1 is judged: a refusal, any
-        exception, changes nothing (a shift that moves some cells, then raises, fails); an acceptance is not
-        judged, and the context is replaced."""
+        """A sequence's last cell (or all its cells) shifted to max_positions or past it: outside the model, a
+        refusal (any exception) must change nothing, an acceptance is not judged (docs/spec.md §15.4). Engines
+        differ -- llama.cpp's ``seq_add`` bounds nothing and rotates at any position, a RoPE table of
+        ``max_positions`` rows cannot -- so only §5.1 is judged (a shift that moves some cells, then raises,
+        fails); an accepted one's context is replaced."""
         seq = self._a_sequence(data)
         if self.oracles[0].pos_max(seq) < 0:
             self._decode(f"prompt of sequence {seq}", self._batch(
