@@ -80,7 +80,8 @@ class Watching(ModelReferenceAdapter):
         self.changes: Counter[int] = Counter()  # calls that may change each context, by id
 
     def _opened(self, p0: int, p1: int) -> None:
-        self.seen["range open below -1"] += p0 < -1 or p1 < -1
+        self.seen["range open below -1 at its start"] += p0 < -1
+        self.seen["range open below -1 at its end"] += p1 < -1
 
     def create_context(self, model: Any, config: Any) -> Any:
         kind = "unified" if config.unified else "per_sequence"
@@ -167,8 +168,8 @@ def test_programs_reach_every_situation() -> None:
     seen = watched_run(Watching())
     for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
-                      "range open below -1", "shift past the model", "load into the changed context saved from",
-                      "load into a context of another cell count"):
+                      "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
+                      "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 
 
