@@ -43,6 +43,7 @@ from impl.model_conformance import (
     ModelReferenceAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_unbounded_shift_model_adapter,
 )
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
@@ -373,6 +374,10 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                            layer_caches=False, mixed_precision={"norm": "float32"}),
     "model-width-divisible-by-heads": lambda: Declared("model-width-divisible-by-heads", REFERENCE, WidthByHeads(),
                                                        model_limits={"model_width_divisible_by_heads": True}),
+    # does a shift past max_positions, as llama.cpp's seq_add does (the reference refuses it): outside the model,
+    # judged by §5.1 alone, so both conform declaring nothing (docs/spec.md §15.4); no twin, as nothing is declared
+    "model-shifts-past-the-model": lambda: Declared("model-shifts-past-the-model", MODEL_ONLY,
+                                                    make_unbounded_shift_model_adapter(), layer_caches=False),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(

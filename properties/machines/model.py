@@ -5,29 +5,33 @@ alike: it says what each call is due (it refuses with the spec's kind before cha
 decode's logits are its own. For a low-precision adapter a second cell model computes the naive baseline in
 the declared dtype over the declared ``kv_storage`` (docs/spec.md §15.6), whose error sets the tolerance.
 
-Rules interleave, over two or three sequences: prompts, single tokens and batches mixing sequences; removals
-at the end, in the middle and of every sequence; copies (whole and range, into empty and non-empty
-sequences); keeps, shifts, divides; saves and loads (the same id, another id, a fresh context); clears;
-malformed batches, batches past the room, operations on unknown sequences. Every logit asked for is
+Rules interleave, over two or three sequences: prompts, single tokens and batches mixing sequences (ids and
+positions as Python or numpy ints); removals at the end, in the middle and of every sequence (ranges open at
+any negative end); copies (whole and range, into empty and non-empty sequences); keeps, shifts, divides;
+shifts past ``max_positions`` (outside the model: judged only by §5.1); saves and loads (the same id, another
+id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
+the room, operations on unknown sequences. Every logit asked for is
 compared with the oracle, and after every rule every sequence's smallest and largest positions. A call that
 raised must change nothing: the positions are compared at once, the cells by the logits of what comes next.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
 
 from .. import generate as g
-from ..generate.models import MAX_PROMPT, POSITION_CEILING
+from ..generate.models import MAX_PROMPT, POSITION_CEILING, context_cells
 from ..generate.needs import ROPE_PAIRING, Needs
 from ..judge.calls import Inputs
 from ..judge.failures import NonConformance
 from ..judge.policy import VALID, Due, Expect, Judged
 from ..judge.tolerance import Judge, Reference
 from ..oracle import FLOAT64, ModelBatch, NumberSystem, random_model_weights
-from ..oracle.model import CellContext, Model, ModelRefusal, kv_storage_of
+from ..oracle.model import OUTSIDE, CellContext, Model, ModelRefusal, kv_storage_of
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.model import ModelLimits, ModelPolicy
 from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
@@ -36,6 +40,9 @@ from .base import ConformanceMachine
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
 MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
 RANGES = ("all", "to the end", "from the start", "in the middle")
+OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
+INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
+CHANGES_AFTER_A_SAVE = ("clear", "remove", "shift", "decode")  # what a saved state must not see (§15.4)
 SAVED = 3  # saved sequences kept for later loads
 # chains set up on purpose: where a load meets a store too full for it, and where a state saved with a move
 # pending is loaded
@@ -144,8 +151,9 @@ class ModelMachine(ConformanceMachine):
         try:
             results = [on_oracle(oracle) for oracle in self.oracles]
             due = VALID if may_refuse is None else Due(may_refuse=may_refuse)
-        except ModelRefusal as refusal:
-            results, due = None, Due.check(KINDS[refusal.kind])
+        except ModelRefusal as refusal:  # outside the model: not judged but by §5.1
+            results = None
+            due = Due.outside(ErrorKind.REFUSED) if refusal.kind == OUTSIDE else Due.check(KINDS[refusal.kind])
         judged = self.call(what, action, due=due, inputs=inputs, observe=self._observe, replace=self._new_context,
                            **details)
         if judged.refused and results is not None:
@@ -174,7 +182,9 @@ class ModelMachine(ConformanceMachine):
         order = order[:self.max_batch]
         wanted = data.draw(st.lists(st.booleans(), min_size=len(order), max_size=len(order)), label="logits of")
         wanted[-1] = True  # at least the last token's logits, as a sampler asks
-        return ModelBatch(tuple(t for t, _, _ in order), tuple(p for _, p, _ in order),
+        # token ids and positions as a numpy pipeline hands them (argmax, arange), or Python ints
+        as_int = INTS[data.optional(st.sampled_from(sorted(INTS)), "ints", "int")]
+        return ModelBatch(tuple(as_int(t) for t, _, _ in order), tuple(as_int(p) for _, p, _ in order),
                           tuple(s for _, _, s in order), tuple(wanted))
 
     def _decode(self, what: str, batch: ModelBatch) -> None:
@@ -309,16 +319,21 @@ class ModelMachine(ConformanceMachine):
     # -- sequence operations -----------------------------------------------------------------------------------
 
     def _range(self, data: Draws, seq: int) -> tuple[int, int]:
-        """A position range of llama.h's form ``[p0, p1)``, negative meaning open, around ``seq``'s cells."""
+        """A position range ``[p0, p1)`` around ``seq``'s cells, any negative end open (-1 or below: an engine
+        reading only -1 as open is caught); ``[-1, 0)`` is empty."""
         top = max(self.oracles[0].pos_max(seq), 0) + 2
         kind = data.draw(st.sampled_from(RANGES), label="range")
+
+        def open_end(which: str) -> int:
+            return int(data.optional(st.sampled_from(OPEN_ENDS), f"open {which}", -1))
+
         if kind == "all":
-            return -1, -1
+            return open_end("p0"), open_end("p1")
         p = data.draw(st.integers(0, top), label="p")
         if kind == "to the end":
-            return p, -1
+            return p, open_end("p1")
         if kind == "from the start":
-            return -1, p
+            return open_end("p0"), p
         return p, p + data.draw(st.integers(1, 3), label="width")
 
     def _sequence_call(self, operation: str, what: str, on_oracle: Any, action: Any, **details: Any) -> None:
@@ -498,9 +513,59 @@ class ModelMachine(ConformanceMachine):
         loaded = results is not None and judged.to_judge
         if loaded and pending:
             self.exercised("loaded with a move pending")
-        if loaded and where == "a fresh context":
+        if loaded and where.startswith("a fresh context"):
             self.exercised("load into a fresh context")
         return loaded
+
+    @rule(data=st.data(), requires=[Capability.SEQ_STATE])
+    def save_change_then_load(self, data: Draws) -> None:
+        """A sequence holding cells (prompted first if none does) saved; its context then changed -- cleared,
+        the sequence removed from or shifted, or a token decoded into it -- and the state loaded back: a saved
+        state is self-contained, the cells as they were when saved (docs/spec.md §15.4). Set up whole in one
+        rule, as a load long after its save is rare in a random program."""
+        held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
+        seq = data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence")
+        if not held:
+            self._decode(f"prompt of sequence {seq}", self._batch(
+                data, [seq], [data.draw(st.integers(1, MAX_PROMPT), label="tokens")], mixed=False))
+        if not self._save(seq):
+            return
+        offered = [change for change, capability in (("clear", None), ("remove", Capability.SEQ_REMOVE),
+                                                     ("shift", Capability.SEQ_SHIFT), ("decode", None))
+                   if capability is None or self.has(capability)]
+        change = data.draw(st.sampled_from(offered), label="change")
+        if change not in offered:  # only a replayed trace gives one: the live draw is of what is offered
+            raise NotApplicable(f"the recorded change is a {change}, which {self.adapter.name} does not declare")
+        if change == "clear":
+            self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
+        elif change == "remove":
+            self._remove(data, seq)
+        elif change == "shift":
+            self._shift(data, seq)
+        elif self.oracles[0].pos_max(seq) + 1 < POSITION_CEILING:
+            self._decode(f"one token of sequence {seq}", self._batch(data, [seq], [1], mixed=False))
+        self._load(data, "the context it was saved from, changed since", index=len(self.saved) - 1)
+
+    @rule(data=st.data(), requires=[Capability.SEQ_SHIFT])
+    def shift_past_the_model(self, data: Draws) -> None:
+        """A sequence's last cell (or all its cells) shifted to max_positions or past it: outside the model, a
+        refusal (any exception) must change nothing, an acceptance is not judged (docs/spec.md §15.4). Engines
+        differ -- llama.cpp's ``seq_add`` bounds nothing and rotates at any position, a RoPE table of
+        ``max_positions`` rows cannot -- so only §5.1 is judged (a shift that moves some cells, then raises,
+        fails); an accepted one's context is replaced."""
+        seq = self._a_sequence(data)
+        if self.oracles[0].pos_max(seq) < 0:
+            self._decode(f"prompt of sequence {seq}", self._batch(
+                data, [seq], [data.draw(st.integers(1, MAX_PROMPT), label="tokens")], mixed=False))
+        top = self.oracles[0].pos_max(seq)
+        if top < 0:  # the prompt was refused, or accepted unclaimed and its context replaced
+            return
+        p0 = data.draw(st.sampled_from([-1, top]), label="from")  # the whole sequence, or its last cell
+        delta = self.config.max_positions - top + data.draw(st.sampled_from([0, 1, 30]), label="past the end by")
+        self._sequence_call("shift", f"shift [{p0}, -1) of sequence {seq} by {delta}, past the model's "
+                            f"{self.config.max_positions} positions", lambda o: o.shift(seq, p0, -1, delta),
+                            lambda: self.adapter.seq_shift(self.context, seq, p0, -1, delta),
+                            seq=seq, p0=p0, p1=-1, delta=delta)
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE], when=lambda self: bool(self.saved))
     def load(self, data: Draws) -> None:
@@ -510,9 +575,19 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE], when=lambda self: bool(self.saved))
     def load_into_a_fresh_context(self, data: Draws) -> None:
-        """A new empty context of the same model, and a saved sequence loaded into it (it carries on there)."""
+        """A new empty context of the same model -- of the same kind and sequences, its cells drawn anew -- and a
+        saved sequence loaded into it (it carries on there): a state does not depend on the context it was saved
+        from, nor on that context's cell count (docs/spec.md §15.4)."""
+        config = self.context_config
+        least, most = context_cells(config.unified, config.max_sequences, self.model_limits)
+        cells = data.optional(st.integers(least, most), "fresh context cells", config.cells)
+        fresh = dataclasses.replace(config, cells=cells)
+        outside = self.model_limits.context_problem(fresh)
+        if outside is not None:  # only a replayed trace gives one: live draws stay within the limits
+            raise NotApplicable(f"the recorded fresh context is outside what {self.adapter.name} declares: {outside}")
+        self.context_config = fresh
         self._new_context()
-        self._load(data, "a fresh context")
+        self._load(data, f"a fresh context of {cells} cells")
 
     # -- chains engines get wrong, each set up whole in one rule: three particular rules in a row are rare by
     # chance (a save with a shift pending met once in 1,000 examples of thorough), and each link is judged as
