@@ -159,7 +159,8 @@ def test_exercise_merges_over_properties_and_names_what_was_never_exercised() ->
     assert section["never_exercised"] == ["truncate"]  # float64 is no claim or rule's need: nothing to tell
     assert exercise.summary([{"outcome": "passed"}], ["truncate"])["never_exercised"] == []  # no machine ran
     table = "\n".join(exercise.markdown(section))
-    assert "| rule | ran | succeeded | rejected | refused | raised | replaced | fork | prefix hit |" in table
+    assert ("| rule | runs | calls succeeded | calls rejected | calls refused | calls raised | calls replaced "
+            "| met: fork | met: prefix hit |") in table
     assert "| `add` | 5 | 2 | 1 |  |  |  |  | 1 |" in table
     assert "| `truncate` | 0 |" in table  # a rule of the machine no example ran
     assert "**Declared but never exercised**" in table and "`truncate`" in table
