@@ -16,7 +16,9 @@
   failed, runs including shrinking, and the shrunk program's length.
 - tolerance: the float32 example adapter on 3,000 random layers (~13,000
   steps): its error in ulps at the output's magnitude, and its error as a
-  fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
+  fraction of the low-precision budget -- the rule's (2 x the estimated
+  rounding error any evaluation may have) and the former one (2 x the naive
+  evaluation's error) -- with no floor, a 1-ulp and the 8-ulp floor.
 - mixed: the float32-RoPE-table, -softmax, -rotation and -transcendentals example adapters (float64
   otherwise, ``mixed_precision`` declared) on 1,000 random layers at
   positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
@@ -43,6 +45,8 @@
   seconds, the shrunk trace's steps (bench/shipped/runner.py; hours cold; only with --only).
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
+- chains: the model machine with the reference's full declaration, 20 random dev runs: each chain case's
+  count per run (min, median, runs under 3), and the largest share of a run's steps one rule took.
 """
 
 from __future__ import annotations
@@ -553,6 +557,33 @@ def bench_causes(runs: int = 3) -> None:
             print(f"    {cause['label'][:70]:70} rule {cause['rule']}; trace of {steps} steps")
 
 
+def bench_chains(seeds: int = 20) -> None:
+    """The model machine as users run it (profile dev, random seeds) with the reference's full declaration: each
+    chain case's count per run (tests/test_model_chains.py states them for a derandomised run), and the share of
+    the steps taken by the rule that ran most."""
+    from impl.conformance import make_full_declaration_adapter
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+    from tests.test_model_chains import CHAINS
+
+    counts: dict[str, list[int]] = {case: [] for case in CHAINS}
+    most: list[float] = []
+    start = time.process_time()
+    for seed in range(seeds):
+        settings = profiles.settings_for("dev", database=None, derandomize=False, deadline=None)
+        result = run_machine("model", make_full_declaration_adapter(), property_id=f"bench::chains::{seed}",
+                             settings=settings)
+        for case, rule in CHAINS.items():
+            counts[case].append(result.exercise.counts.get((rule, case), 0))
+        steps = [times for (_, what), times in result.exercise.counts.items() if what == "ran"]
+        most.append(max(steps) / sum(steps))
+    print(f"model machine, {seeds} random dev runs (100 examples each), {time.process_time() - start:.0f} CPU s: "
+          f"the rule that ran most took at most {max(most):.2f} of a run's steps")
+    print(f"  {'case':68} {'min':>4} {'median':>6} {'runs under 3':>12}")
+    for case, found in counts.items():
+        print(f"  {case:68} {min(found):4} {int(np.median(found)):6} {sum(1 for n in found if n < 3):12}")
+
+
 def bench_shipped() -> None:
     """bench/shipped/runner.py on every runnable entry of the catalogue, with its defaults."""
     from bench.shipped import runner
@@ -563,7 +594,7 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "shipped": bench_shipped}
+           "causes": bench_causes, "chains": bench_chains, "shipped": bench_shipped}
 ON_REQUEST = ("shipped",)  # hours, not minutes: only with --only
 
 
