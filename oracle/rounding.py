@@ -130,7 +130,7 @@ class Estimated:
         other = self._of(other)
         a, b = self.settled(), other.settled()
         quotient = self.value / other.value
-        room = abs(other.value) - b  # |a'/b' - a/b| <= (|b| ea + |a| eb) / (|b| |b'|)
+        room = abs(other.value) - b  # |a'/b' - a/b| = |b ea - a eb| / (|b| |b'|): the two terms independent
         return self._result(quotient, math.hypot(a, abs(quotient) * b) / room if room > 0 else math.inf)
 
     def __rtruediv__(self, other: Any) -> Estimated:
