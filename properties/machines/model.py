@@ -90,6 +90,7 @@ class ModelMachine(ConformanceMachine):
         if not isinstance(cells, int) or cells < config.stream_cells:
             raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least "
                                  f"{config.stream_cells} cells per store", kind="too few cells", check="cells")
+        self.tape.observe("context cells", cells)  # what is past the room depends on it: replay compares it
         copy = self.policy.copy_into_nonempty(config.unified)
         self.oracles = [CellContext(model, config, shared_copies=self.policy.shared_copies, copy_into_nonempty=copy,
                                     stream_cells=cells) for model in self.oracle_models]
