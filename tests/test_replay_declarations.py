@@ -75,7 +75,7 @@ def test_a_new_trace_records_the_declarations_its_program_relied_on(tmp_path: Pa
                          settings=profiles.settings_for("ci", database=None, max_examples=200))
     assert isinstance(result.failure, NonConformance) and result.trace is not None
     document = codec.load(result.trace)
-    assert document["format_version"] == 4
+    assert document["format_version"] == codec.FORMAT_VERSION
     relied = document["declarations"]
     assert relied["paged_policy.truncate"]["value"] is True and relied["paged_policy.hash_keys signature"] == {
         "value": True, "relied_on_by": ["build_pool", *(

@@ -191,8 +191,9 @@ class Playback(Tape):
             self.parted = (f"{where}: {'accepted' if replaced else 'raised'} here without a claim, and the trace "
                            "(of a format before 5) does not say what the recorded run did")
         elif was != here:
+            recorded_run = "accepted and replaced" if was == REPLACED else "raised, changing nothing,"
             self.parted = (f"{where}: {'accepted without a claim and replaced' if replaced else 'raised'} here, "
-                           f"but {'accepted and replaced' if was == REPLACED else 'rejected'} in the recorded run")
+                           f"but {recorded_run} in the recorded run")
 
     def observe(self, label: str, value: Any) -> None:
         super().observe(label, value)

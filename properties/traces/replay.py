@@ -133,9 +133,9 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
         except Exception as error:  # the suite's own failure -- unless the replay had left the recorded path
             if tape.parted is None:
                 raise
-            reason = (f"the recorded run's later steps were drawn on another state: {tape.parted}; here "
-                      f"{type(error).__name__}: {error}")
-            out(f"{shown}: NOT APPLICABLE\n    {reason}")
+            reason = (f"the recorded run's later steps were drawn on another state than this one ({tape.parted}), "
+                      "and its recorded values no longer fit the rules here")
+            out(f"{shown}: NOT APPLICABLE\n    {reason}\n    ({type(error).__name__}: {error})")
             return verdict("not applicable", index, f"no longer applies at step {index}: {reason}")
         out(f"{shown}: ok")
         for expectation in machine.tape.steps[-1].expected:
