@@ -23,6 +23,7 @@ from ..protocol.declarations import (
     drives_layer_caches,
 )
 from ..protocol.kinds import Capability, declared
+from ..protocol.model import ModelPolicy
 from ..protocol.paged import PagedPolicy
 from .layers import layer_families
 
@@ -75,6 +76,13 @@ DECLARATIONS: dict[str, Declaration] = {
     # a program that forks runs under any fork but "none" (each judged as its pool declares)
     "paged_policy.fork": Declaration(lambda a: PagedPolicy.of(a).fork,
                                      lambda recorded, here: recorded == here or "none" not in (recorded, here)),
+    # a whole-only copy draws no range (the copy rule draws one only where ranges may be copied)
+    "model_policy.copy_unified whole_only": Declaration(lambda a: ModelPolicy.of(a).copy_unified == "whole_only"),
+    "model_policy.copy_per_sequence whole_only": Declaration(
+        lambda a: ModelPolicy.of(a).copy_per_sequence == "whole_only"),
+    # a program that never shifted a cell below 0 is valid where such a shift removes it
+    "model_policy.negative_shift": Declaration(lambda a: ModelPolicy.of(a).negative_shift,
+                                               lambda recorded, here: recorded in (here, "not_drawn")),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),

@@ -36,6 +36,9 @@ from .base import ConformanceMachine
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
 MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
 RANGES = ("all", "to the end", "from the start", "in the middle")
+# the declarations draws read (generate.needs.DECLARATIONS): a trace replays only where they admit its program
+WHOLE_COPIES = ("model_policy.copy_unified whole_only", "model_policy.copy_per_sequence whole_only")
+NEGATIVE_SHIFT = "model_policy.negative_shift"
 SAVED = 3  # saved sequences kept for later loads
 
 
@@ -303,7 +306,8 @@ class ModelMachine(ConformanceMachine):
         self._sequence_call("remove", f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
                             lambda: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1,
+          relies_on=WHOLE_COPIES)
     def copy(self, data: Draws) -> None:
         """One sequence's cells (all, or a range) into another, empty or not: merged or replacing as
         declared. The source is one holding cells, if any does."""
@@ -333,7 +337,7 @@ class ModelMachine(ConformanceMachine):
         self._sequence_call("keep", f"keep sequence {seq}", lambda o: o.keep(seq),
                             lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_SHIFT])
+    @rule(data=st.data(), requires=[Capability.SEQ_SHIFT], relies_on=[NEGATIVE_SHIFT])
     def shift(self, data: Draws) -> None:
         """A range of one sequence's positions moved by -3..3: keys re-rotated, values kept as computed (not a
         recomputation); below 0 the cells leave (or, declared not_drawn, never asked)."""
@@ -352,7 +356,8 @@ class ModelMachine(ConformanceMachine):
                             lambda: self.adapter.seq_shift(self.context, seq, p0, p1, delta),
                             seq=seq, p0=p0, p1=p1, delta=delta)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1,
+          relies_on=[NEGATIVE_SHIFT])  # (its copy is whole: a shift is its change's only draw a policy reads)
     def fork_then_change_one(self, data: Draws) -> None:
         """A sequence (prompted first if empty) copied whole into another, as parallel sampling forks, then one
         of the two changed -- a range removed, kept alone, shifted, or a token decoded -- set up whole in one

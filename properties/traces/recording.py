@@ -169,14 +169,15 @@ class Playback(Tape):
         self._observed = list(recorded.get("observed", ()))
         self._left -= 1
 
-    def finish_step(self) -> None:
-        """After a step ran: every value recorded for it must have been drawn, or the replay took another path."""
+    def finish_step(self, declared: str | None = None) -> None:
+        """After a step ran: every value recorded for it must have been drawn, or the replay took another path.
+        ``declared``: what the adapter declares of the declarations the rule relies on, for the reason."""
         if self._draws:
+            why = (self.parted or (f"what it draws depends on the state and on {declared}" if declared else None)
+                   or "what a rule draws depends on the adapter: what it declares, what it shows, a context's cells, "
+                      "say, and what it does with a call it does not claim")
             raise NotApplicable(f"the step did not draw the recorded {', '.join(repr(d['label']) for d in self._draws)}"
-                                f": here it took another path than the recorded run"
-                                + (f" ({self.parted})" if self.parted else " (what a rule draws depends on the "
-                                   "adapter: what it declares, what it shows, a context's cells, say, and what it "
-                                   "does with a call it does not claim)"))
+                                f": here it took another path than the recorded run ({why})")
 
     def judged(self, unclaimed: bool, replaced: bool) -> None:
         super().judged(unclaimed, replaced)

@@ -113,7 +113,7 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
             getattr(machine, name)(**arguments)
             for check in invariants:
                 check(machine)
-            tape.finish_step()
+            tape.finish_step(declared_here(adapter, spec.relies_on) if spec.relies_on else None)
         except recording.NotApplicable as reason:  # a recorded value this implementation is not offered
             out(f"{shown}: NOT APPLICABLE\n    {reason}")
             return verdict("not applicable", index, f"no longer applies at step {index}: {reason}")
