@@ -28,6 +28,7 @@ from ..generate.layers import limits_problem, requirements_of
 from ..generate.layouts import same_layout_copy
 from ..generate.needs import declaration, observation_problem
 from ..judge.failures import Cause, NonConformance, cause_of
+from ..judge.policy import Expect
 from ..protocol.declarations import LayerLimits
 from ..protocol.kinds import CLAIMED_BY, ErrorKind
 from .codec import TraceError, decode, encode
@@ -47,6 +48,7 @@ class NotApplicable(Exception):
 # What became of a call whose first failing check was not claimed, as a trace records it (format 5): the later
 # steps were drawn on the state it left, unchanged if it raised, a new object if it was accepted.
 RAISED, REPLACED = "raised", "replaced"
+REJECTION, UNCLAIMED = Expect.REJECTION.value, Expect.UNCLAIMED.value  # as traces hold them
 
 
 # -- recording and playing back one machine run ---------------------------------------------------------
@@ -98,10 +100,11 @@ class Tape:
         if self.steps:
             self.steps[-1].expected.append({"call": call, **outcome})
 
-    def judged(self, unclaimed: bool, replaced: bool) -> None:
-        """What became of the call just expected: for a check not claimed, whether it raised or was accepted (and
-        its object replaced) -- the later steps rely on it (``claims_relied_on``)."""
-        if unclaimed and self.steps and self.steps[-1].expected:
+    def judged(self, expect: str, replaced: bool) -> None:
+        """What became of the call just expected (``expect``: its ``judge.policy.Expect`` value): for a check not
+        claimed, whether it raised or was accepted (and its object replaced) -- the later steps rely on it
+        (``claims_relied_on``)."""
+        if expect == UNCLAIMED and self.steps and self.steps[-1].expected:
             self.steps[-1].expected[-1]["outcome"] = REPLACED if replaced else RAISED
 
     def observe(self, label: str, value: Any) -> None:
@@ -179,18 +182,22 @@ class Playback(Tape):
             raise NotApplicable(f"the step did not draw the recorded {', '.join(repr(d['label']) for d in self._draws)}"
                                 f": here it took another path than the recorded run ({why})")
 
-    def judged(self, unclaimed: bool, replaced: bool) -> None:
-        super().judged(unclaimed, replaced)
+    def judged(self, expect: str, replaced: bool) -> None:
+        super().judged(expect, replaced)
         index = len(self.steps[-1].expected) - 1 if self.steps else -1
         recorded = self._step.get("expected", [])
-        if not unclaimed or self.parted is not None or not 0 <= index < len(recorded):
+        if expect not in (UNCLAIMED, REJECTION) or self.parted is not None or not 0 <= index < len(recorded):
             return
         entry, here = recorded[index], REPLACED if replaced else RAISED
-        was = entry.get("outcome") or (RAISED if entry.get("expect") == "rejection" or "rejected" in entry else None)
+        rejected = entry.get("expect") == REJECTION or "rejected" in entry  # ("rejected": formats 1 and 2)
+        unclaimed = entry.get("expect") == UNCLAIMED or "first_failing_check" in entry
+        if not (rejected or unclaimed):
+            return
+        was = entry.get("outcome") or (RAISED if rejected else None)
         where = f"step {len(self.steps) - 1} ({self.steps[-1].rule}): {entry.get('call')}"
         if was is None:
-            self.parted = (f"{where}: {'accepted' if replaced else 'raised'} here without a claim, and the trace "
-                           "(of a format before 5) does not say what the recorded run did")
+            self.parted = (f"{where}: {'accepted without a claim' if replaced else 'raised'} here, and the trace "
+                           "(of a format before 5) does not say what the recorded run did with it, unclaimed")
         elif was != here:
             recorded_run = "accepted and replaced" if was == REPLACED else "raised, changing nothing,"
             self.parted = (f"{where}: {'accepted without a claim and replaced' if replaced else 'raised'} here, "
@@ -419,7 +426,7 @@ def claims_relied_on(steps: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     found: dict[str, dict[str, Any]] = {}
     for index, rule, entry in calls[:-1]:  # the last call was the recorded run's last: nothing came after it
         kind = entry.get("kind") or entry.get("rejected")
-        if entry.get("expect") == "rejection" or "rejected" in entry:  # ("rejected": formats 1 and 2)
+        if entry.get("expect") == REJECTION or "rejected" in entry:  # ("rejected": formats 1 and 2)
             claim, claimed = entry.get("claim") or CLAIMED_BY[ErrorKind(kind)].value, True
         elif entry.get("outcome") == REPLACED:
             claim, claimed = entry["claim"], False

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..generate.needs import Needs, UnknownDeclaration, declared_here
+from ..generate.needs import Needs, declared_here
 from ..judge.calls import AdapterHung
 from ..judge.failures import NonConformance, cause_of
 from ..judge.policy import Expect
@@ -79,8 +79,8 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
     try:
         claims = document["claims"] if "claims" in document else recording.claims_relied_on(document["steps"])
         drawn_under = Needs.drawn_under(document.get("declarations", {}), claims)
-    except (UnknownDeclaration, KeyError, ValueError) as error:
-        raise codec.TraceError(f"the trace's declarations: {error}") from error
+    except (KeyError, ValueError) as error:  # (UnknownDeclaration too)
+        raise codec.TraceError(f"the trace's declarations or claims: {error!s}") from error
     problem = (cls.needs(**parameters).problem(adapter) or Needs.of(*document.get("requires", ())).problem(adapter)
                or drawn_under.problem(adapter))
     if problem is not None:
