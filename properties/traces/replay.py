@@ -10,8 +10,10 @@ from the oracle, as in the original run. Each step's outcome is printed; at
 the first divergence, what differed: the error kind expected and got, or the
 worst error with its batch, head, position and feature, and the tolerance.
 
-A trace that needs a capability the implementation does not declare is not
-applicable: it says which, and where. Exit status: 0 if every trace conforms,
+A trace that needs a capability, declaration or claim the implementation does
+not make, or was recorded against what it does not show (a context's cells),
+is not applicable: it says which, and where; so is one whose replay leaves the
+recorded path (a call the implementation does not claim, accepted here). Exit status: 0 if every trace conforms,
 1 if one diverges, 2 if one is not applicable or unreadable. ``--json FILE``
 also writes each trace's verdict for programs: its status, the step, and a
 divergence's cause (kind, check, what a call that raised changed), never to be
