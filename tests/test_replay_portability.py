@@ -62,10 +62,13 @@ def test_which_claims_a_trace_relied_on() -> None:
     steps = [{"rule": "a", "expected": [call("rejection", "fixed_capacity"), call("state")]},
              {"rule": "b", "expected": [call("unclaimed", "validates_model_batch", outcome=recording.REPLACED),
                                         call("unclaimed", "validates_sequence_ops", outcome=recording.RAISED)]},
-             {"rule": "c", "expected": [{"call": "d", "rejected": "full"}, call("rejection", "validates_length")]}]
+             {"rule": "c", "expected": [{"call": "d", "rejected": "full"}, call("rejection", "validates_length"),
+                                        {"call": "after the last step"}]}]
     assert recording.claims_relied_on(steps) == {
         "fixed_capacity": {"value": True, "relied_on_by": ["step 0 (a)", "step 2 (c)"]},  # (format 2's "rejected")
         "validates_model_batch": {"value": False, "relied_on_by": ["step 1 (b)"]}}  # the last call: nothing after
+    # a rejection in the last step, followed only by the check after it, relies on nothing
+    assert recording.claims_relied_on([steps[0]]) == {}
     gate = Needs.drawn_under({}, recording.claims_relied_on(steps))
     assert "claims validates_model_batch" in (gate.problem(ModelReferenceAdapter()) or "")
     accepting = AcceptsWhatItDoesNotClaim()

@@ -418,23 +418,31 @@ def invariants_of(cls: type[TracedMachine]) -> list[Callable[[Any], None]]:
 
 
 def claims_relied_on(steps: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The claims a trace's later calls relied on, from its recorded steps (any format): every call but the last
-    whose check was claimed and which was rejected (the state left unchanged), and, from format 5, every one whose
-    check was not claimed and which was accepted (the state replaced). Capability -> {"value": claimed,
+    """The claims a trace's later steps relied on, from its recorded steps (any format): every call followed by a
+    later step or a later call whose check was claimed and which was rejected (the state left unchanged), and, from
+    format 5, every one whose check was not claimed and which was accepted (the state replaced). The checks after a
+    step (``Expect.STATE``) read whatever state there is: they rely on nothing. Capability -> {"value": claimed,
     "relied_on_by": ["step 2 (malformed_batch)", ...]}."""
-    calls = [(index, step["rule"], entry) for index, step in enumerate(steps) for entry in step.get("expected", ())]
     found: dict[str, dict[str, Any]] = {}
-    for index, rule, entry in calls[:-1]:  # the last call was the recorded run's last: nothing came after it
-        kind = entry.get("kind") or entry.get("rejected")
-        if entry.get("expect") == REJECTION or "rejected" in entry:  # ("rejected": formats 1 and 2)
-            claim, claimed = entry.get("claim") or CLAIMED_BY[ErrorKind(kind)].value, True
-        elif entry.get("outcome") == REPLACED:
-            claim, claimed = entry["claim"], False
-        else:
-            continue
-        relied = found.setdefault(claim, {"value": claimed, "relied_on_by": []})
-        if f"step {index} ({rule})" not in relied["relied_on_by"]:
-            relied["relied_on_by"].append(f"step {index} ({rule})")
+    followed = False  # by a later call of the last step
+    for index in reversed(range(len(steps))):
+        for entry in reversed(steps[index].get("expected", ())):
+            if entry.get("expect") == Expect.STATE.value or ("expect" not in entry and
+                                                             entry.get("call") == "after the last step"):
+                continue  # (formats 1 and 2 name it only)
+            relied, followed = followed or index < len(steps) - 1, True
+            if not relied:
+                continue
+            if entry.get("expect") == REJECTION or "rejected" in entry:  # ("rejected": formats 1 and 2)
+                kind = entry.get("kind") or entry.get("rejected")
+                claim, claimed = entry.get("claim") or CLAIMED_BY[ErrorKind(kind)].value, True
+            elif entry.get("outcome") == REPLACED:
+                claim, claimed = entry["claim"], False
+            else:
+                continue
+            where = found.setdefault(claim, {"value": claimed, "relied_on_by": []})["relied_on_by"]
+            if f"step {index} ({steps[index]['rule']})" not in where:
+                where.insert(0, f"step {index} ({steps[index]['rule']})")
     return dict(sorted(found.items()))
 
 
