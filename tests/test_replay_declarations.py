@@ -18,12 +18,13 @@ from kvcache_conformance.traces import codec, recording, replay
 from tests.accepting import AcceptsWhatItDoesNotClaim, RoundsCellsUp
 from tests.lattice import TWINS, VARIANTS, variant
 
-pytestmark = pytest.mark.slow  # the whole corpus replayed against every lattice variant (on Python 3.11 only): 13,500
-# replays, 19 s of CPU (2026-12-05)
+pytestmark = pytest.mark.slow  # the whole corpus replayed against every lattice variant (on Python 3.11 only): 14,420
+# replays, 17 s of CPU (2026-12-05)
 
 REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"
 CORPUS = {path.name: codec.load(path) for path in sorted(REGRESSIONS.glob("*.json"))}
-OLD = {path.name: codec.load(path) for path in sorted((Path(__file__).parent / "old-traces").glob("*.json"))}
+OLD = {f"old-traces/{path.name}": codec.load(path)  # (some share a name with a corpus trace)
+       for path in sorted((Path(__file__).parent / "old-traces").glob("*.json"))}
 LRU = "impl-mutant-paged_lru_evicts_everything-paged_paged-25c46b7a23.json"
 TRUNCATING = ("impl-mutant-paged_copy_on_write_missing-paged_paged-89945b46b9.json",
               "impl-mutant-paged_copy_on_write_without_rows-paged_paged-d44dfb2a2f.json",
