@@ -19,7 +19,7 @@ from tests.accepting import AcceptsWhatItDoesNotClaim, RoundsCellsUp
 from tests.lattice import TWINS, VARIANTS, variant
 
 pytestmark = pytest.mark.slow  # the whole corpus replayed against every lattice variant (on Python 3.11 only): 14,420
-# replays, 17 s of CPU (2026-12-05)
+# replays, 19 s of CPU (2026-12-05)
 
 REGRESSIONS = Path(__file__).parent.parent / "properties" / "regressions"
 CORPUS = {path.name: codec.load(path) for path in sorted(REGRESSIONS.glob("*.json"))}
