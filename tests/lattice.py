@@ -50,6 +50,7 @@ from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
 from kvcache_conformance.protocol.paged import PagedPolicy
+from tests.accepting import UNCLAIMED, AcceptsWhatItDoesNotClaim, ReportsTheCellsAskedFor, RoundsCellsUp
 
 REFERENCE = declared(ReferenceAdapter.capabilities) - {"input_validation"}  # the shorthand spelled out
 EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) | {"paged_fork", "paged_truncate"}
@@ -378,6 +379,12 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     # judged by §5.1 alone, so both conform declaring nothing (docs/spec.md §15.4); no twin, as nothing is declared
     "model-shifts-past-the-model": lambda: Declared("model-shifts-past-the-model", MODEL_ONLY,
                                                     make_unbounded_shift_model_adapter(), layer_caches=False),
+    # claims no batch or sequence-operation validation and no fixed capacity, and accepts every such input (§5.5)
+    "model-accepts-unclaimed": lambda: Declared("model-accepts-unclaimed", MODEL_ONLY - UNCLAIMED,
+                                                AcceptsWhatItDoesNotClaim(), layer_caches=False),
+    # more cells per store than asked (llama.cpp pads n_ctx), reported (§15.2)
+    "model-cells-rounded-up": lambda: Declared("model-cells-rounded-up", MODEL_ONLY, RoundsCellsUp(),
+                                               layer_caches=False),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -402,6 +409,14 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                          layer_caches=False, mixed_precision={}), "model", {}, ""),  # logits past 1e-12
     "model-width-divisible-by-heads-undeclared": (
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
+    # accepts what it claims to reject: a malformed batch, an unknown sequence, a batch past the room
+    "model-accepts-unclaimed-claims-validation": (lambda: Declared(
+        "twin-accepts-claims-validation", MODEL_ONLY, AcceptsWhatItDoesNotClaim(), layer_caches=False), "model", {},
+        "expected"),
+    # rounds up but reports the cells asked for: a batch past that room is accepted
+    "model-cells-rounded-up-reports-the-cells-asked": (lambda: Declared(
+        "twin-reports-the-cells-asked", MODEL_ONLY, ReportsTheCellsAskedFor(), layer_caches=False), "model", {},
+        "expected full, got success"),
 }
 
 

@@ -43,6 +43,9 @@ RANGES = ("all", "to the end", "from the start", "in the middle")
 OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
 INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
 CHANGES_AFTER_A_SAVE = ("clear", "remove", "shift", "decode")  # what a saved state must not see (§15.4)
+# the declarations draws read (generate.needs.DECLARATIONS): a trace replays only where they admit its program
+WHOLE_COPIES = ("model_policy.copy_unified whole_only", "model_policy.copy_per_sequence whole_only")
+NEGATIVE_SHIFT = "model_policy.negative_shift"
 SAVED = 3  # saved sequences kept for later loads
 # chains set up on purpose: where a load meets a store too full for it, and where a state saved with a move
 # pending is loaded
@@ -102,6 +105,7 @@ class ModelMachine(ConformanceMachine):
         if not isinstance(cells, int) or cells < config.stream_cells:
             raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least "
                                  f"{config.stream_cells} cells per store", kind="too few cells", check="cells")
+        self.tape.observe("context cells", cells)  # what is past the room depends on it: replay compares it
         copy = self.policy.copy_into_nonempty(config.unified)
         self.oracles = [CellContext(model, config, shared_copies=self.policy.shared_copies, copy_into_nonempty=copy,
                                     stream_cells=cells) for model in self.oracle_models]
@@ -369,7 +373,8 @@ class ModelMachine(ConformanceMachine):
         self._sequence_call("remove", f"remove [{p0}, {p1}) of sequence {seq}", lambda o: o.remove(seq, p0, p1),
                             lambda: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1,
+          relies_on=WHOLE_COPIES)
     def copy(self, data: Draws) -> None:
         """One sequence's cells (all, or a range) into another, empty or not: merged or replacing as
         declared. The source is one holding cells, if any does."""
@@ -401,7 +406,7 @@ class ModelMachine(ConformanceMachine):
         self._sequence_call("keep", f"keep sequence {seq}", lambda o: o.keep(seq),
                             lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
 
-    @rule(data=st.data(), requires=[Capability.SEQ_SHIFT])
+    @rule(data=st.data(), requires=[Capability.SEQ_SHIFT], relies_on=[NEGATIVE_SHIFT])
     def shift(self, data: Draws) -> None:
         """A range of one sequence's positions moved by -3..3: keys re-rotated, values kept as computed (not a
         recomputation); below 0 the cells leave (or, declared not_drawn, never asked)."""
@@ -426,7 +431,8 @@ class ModelMachine(ConformanceMachine):
         if results is not None and judged.to_judge:
             self.move_pending = True
 
-    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1)
+    @rule(data=st.data(), requires=[Capability.SEQ_COPY], when=lambda self: self.sequences > 1,
+          relies_on=[NEGATIVE_SHIFT])  # (its copy is whole: a shift is its change's only draw a policy reads)
     def fork_then_change_one(self, data: Draws) -> None:
         """A sequence (prompted first if empty) copied whole into another, as parallel sampling forks, then one
         of the two changed -- a range removed, kept alone, shifted, or a token decoded -- set up whole in one
