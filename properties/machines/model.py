@@ -232,7 +232,9 @@ class ModelMachine(ConformanceMachine):
         chosen = data.draw(st.lists(st.integers(0, self.sequences - 1), min_size=2, max_size=self.sequences,
                                     unique=True), label="sequences")
         counts = data.draw(st.lists(st.integers(1, 2), min_size=len(chosen), max_size=len(chosen)), label="counts")
-        interleaved = data.draw(st.booleans(), label="interleaved")
+        # a per-sequence context splits an interleaved batch by store, and must return its logits in batch order
+        interleaved = data.draw(st.booleans() if self.context_config.unified else st.sampled_from((False, True, True)),
+                                label="interleaved")
         if interleaved and not self.context_config.unified:
             self.exercised("interleaved in a per-sequence context")
         self._decode(f"a batch of sequences {chosen}", self._batch(data, chosen, counts, mixed=interleaved))
