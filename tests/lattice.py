@@ -466,6 +466,10 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "storage-uint4-zero-point-level": lambda: Declared(
         "storage-uint4-zero-point-level", QuantizedReferenceAdapter.capabilities,
         _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4, zero_point="level").storage),
+    # affine groups as mlx stores them (the larger extreme exact, 0 on a level, the range not widened): declared
+    "storage-uint4-zero-point-extreme": lambda: Declared(
+        "storage-uint4-zero-point-extreme", QuantizedReferenceAdapter.capabilities,
+        _affine("uint4", 4, zero_point="extreme"), storage=_affine("uint4", 4, zero_point="extreme").storage),
     # a windowed session that refuses a prefill of more than W tokens (litgpt from 0.5.13), declared
     "prefill-within-window": lambda: Declared("prefill-within-window", REFERENCE | {"prefill_within_window"},
                                               PrefillWithinWindowAdapter()),
@@ -550,6 +554,14 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-zero-point-undeclared", QuantizedReferenceAdapter.capabilities,
                          _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4).storage),
         "cache_operations", {}, ""),
+    # PyTorch's groups (the range widened to hold 0) declared as mlx's: a group of one sign, in [a, b] above 0, is
+    # stored at the widened range's step, b / (b - a) times mlx's. (mlx's groups declared as the minimum's cannot
+    # fail: the far end errs under levels / (levels + 1) of the minimum's step, its whole floor -- spec §13.6.)
+    "storage-uint4-zero-point-level-declared-extreme": (
+        lambda: Declared("twin-zero-point-level-declared-extreme", QuantizedReferenceAdapter.capabilities,
+                         _affine("uint4", 4, zero_point="level"),
+                         storage=_affine("uint4", 4, zero_point="extreme").storage),
+        "layer_cache", {}, ""),
     # the buffer without a full check claiming one: what it raises past the end (IndexError, or RoPE's error where
     # the capacity is the RoPE range) is not full
     "unchecked-capacity-claims-fixed-capacity": (

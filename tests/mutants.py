@@ -595,6 +595,18 @@ MUTANTS = (
              "step = np.maximum((high - low) / (levels + 1), self.min_step)"),),
            "divides the range by 2**bits, not 2**bits - 1: the grid is a step short, and the far end clipped",
            factory="make_uint4_zero_point_adapter"),
+    # -- affine groups with the larger extreme exact and 0 on a level (storage zero_point: extreme, mlx, #36) --
+    Mutant("extreme_always_the_minimum", "storage.py",
+           (("from_min = np.abs(w_min) > np.abs(w_max)", "from_min = np.abs(w_min) >= 0"),),
+           "keeps the minimum exact whatever the magnitudes: in a group mostly above 0 the step is the minimum's "
+           "distance from 0 over a whole number, and the far end is clipped by several steps",
+           factory="make_uint4_extreme_adapter"),
+    Mutant("extreme_scale_sign_dropped", "storage.py",
+           (("scale = np.where(from_min, scale, -scale)  # counted from the maximum, the steps go down",
+             "scale = np.where(from_min, scale, scale)"),),
+           "drops the scale's sign when counting from the maximum: the grid runs up from it, and every other value "
+           "of the group reads back as the maximum",
+           factory="make_uint4_extreme_adapter"),
     # -- a preallocated buffer without a full check (an accepted call keeps the rows held before it, #23) --
     Mutant("unchecked_write_clamped_to_the_last_row", "cache.py",
            (('            raise IndexError(f"rows {start} .. {start + tokens - 1} are past a buffer of '

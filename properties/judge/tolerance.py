@@ -161,7 +161,8 @@ class Judge:
         if self.storage is not None:
             rule = self.storage
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
-                     + (", zero point on a level" if rule.zero_point == "level" else "")
+                     + {"minimum": "", "level": ", zero point on a level",
+                        "extreme": ", larger extreme exact, 0 on a level"}[rule.zero_point]
                      if rule.scale == "per_group" else "blocks of 32, float16 scales" if rule.scale == "per_block"
                      else f"scale {rule.scale}, {rule.update}")
             return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
