@@ -28,6 +28,16 @@ MODEL_CAPABILITIES = frozenset({"whole_model", "seq_remove", "seq_copy", "seq_ke
                                 "seq_state", "validates_model_batch", "validates_sequence_ops"})
 
 
+def kv_format(kv_storage: Any) -> str | None:
+    """The element type of a ``kv_storage`` declaration: a name, or a block format's mapping's ``format``."""
+    return str(kv_storage["format"]) if isinstance(kv_storage, dict) else kv_storage
+
+
+def kv_along_row(kv_storage: Any) -> bool:
+    """Whether a ``kv_storage`` declaration cuts its blocks from each token's whole kv row."""
+    return isinstance(kv_storage, dict) and kv_storage.get("along") == "row"
+
+
 class ModelReferenceMethods:
     """The model protocol's methods over ``impl.model``, and the policy they follow, as a mixin: the default
     reference (``impl.conformance.ReferenceAdapter``) exposes the whole model through it, as it exposes its paged
@@ -43,7 +53,8 @@ class ModelReferenceMethods:
         copy = self.model_policy.get("copy_unified" if config.unified else "copy_per_sequence", "merge")
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
-                            kv_dtype=getattr(self, "kv_storage", None),
+                            kv_dtype=kv_format(getattr(self, "kv_storage", None)),
+                            blocks_along_row=kv_along_row(getattr(self, "kv_storage", None)),
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
                             bounded_shifts=getattr(self, "bounded_shifts", True))
 
@@ -113,11 +124,23 @@ class LowPrecisionModelAdapter(ModelReferenceAdapter):
 
     capabilities = ModelReferenceAdapter.capabilities - {"float64"}
 
-    def __init__(self, dtype: str, kv_storage: str) -> None:
-        self.dtype, self.kv_storage = dtype, kv_storage
-        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}]"
-        if kv_storage in BLOCK_FORMATS:  # a head row is whole blocks of 32
-            self.model_limits = {"head_width_multiple": 32}
+    def __init__(self, dtype: str, kv_storage: str, *, along_row: bool = False) -> None:
+        self.dtype = dtype
+        self.kv_storage: str | dict[str, str] = {"format": kv_storage, "along": "row"} if along_row else kv_storage
+        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}{' along the kv row' if along_row else ''}]"
+        if kv_storage in BLOCK_FORMATS:  # a head row, or a token's whole kv row, is whole blocks of 32
+            self.model_limits = {"kv_width_multiple" if along_row else "head_width_multiple": 32}
+
+
+def make_q8_0_row_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a q8_0 cache whose blocks are cut from each token's whole kv row (all kv heads):
+    heads of 16 taken, two of them one block."""
+    return LowPrecisionModelAdapter("float32", "q8_0", along_row=True)
+
+
+def make_q4_0_row_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a q4_0 cache whose blocks are cut from each token's whole kv row."""
+    return LowPrecisionModelAdapter("float32", "q4_0", along_row=True)
 
 
 def make_float32_model_adapter() -> LowPrecisionModelAdapter:

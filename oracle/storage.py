@@ -61,6 +61,7 @@ INTEGER_FORMATS = {"int8": 127, "int4": 7}
 AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
 BLOCK_FORMATS = {"q8_0": 127, "q4_0": 8}  # the largest level: d = amax / 127; d = (value of largest magnitude) / -8
 BLOCK = 32  # features a block of a block format
+ALONG = ("head", "row")  # a block format's blocks: cut from each head's row, or from a token's whole kv row
 SCALES = ("none", "per_tensor", "per_channel", "per_group", "per_block")
 UPDATES = ("recomputed", "frozen")
 ZERO_POINTS = ("minimum", "level", "extreme")  # affine groups: the grid starts at the group's minimum, holds 0 on a
@@ -91,6 +92,8 @@ class StorageFormat:
     group: int = 0  # per_group: features a group of each token (a divisor of the head width)
     min_step: float = 0.0  # per_group: the smallest step a group is stored with (0: none)
     zero_point: str = "minimum"  # per_group: "level" (0 exact, range holds 0), "extreme" (0, larger extreme exact)
+    along: str = "head"  # per_block, a whole model's cache: blocks cut from each head's row, or from the token's
+    # whole kv row (every kv head's, KV * dh features), as an engine lays its cache out
 
     def __post_init__(self) -> None:
         formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS, *BLOCK_FORMATS)
@@ -110,6 +113,9 @@ class StorageFormat:
         if (self.format in BLOCK_FORMATS) != (self.scale == "per_block"):
             raise ValueError(f"per_block scales go with the block formats {tuple(BLOCK_FORMATS)}, and only with "
                              f"them; got {self.format} with {self.scale}")
+        if self.along not in ALONG or (self.along != "head" and self.scale != "per_block"):
+            raise ValueError(f"storage along must be one of {ALONG}, and row only with per_block, got {self.along!r} "
+                             f"with {self.scale}")
         if self.scale == "per_block" and self.update != "recomputed":
             raise ValueError("a per_block scale is each token's own: nothing to freeze")
         if self.scale == "per_group":

@@ -347,6 +347,15 @@ def _low_precision(kv_storage: str, stored: str = "float16") -> Declared:
                     layer_caches=False, dtype="float32", kv_storage=kv_storage, **blocks)
 
 
+def _row_blocks(format: str, *, engine_along_row: bool = True) -> Declared:
+    """float32 computation over a block-format cache declared with its blocks cut from each token's whole kv row
+    (``kv_width_multiple`` 32: heads of 16 drawn, two to a block); the engine cuts them so, or from each head."""
+    return Declared(f"model-float32-kv-{format}-row", MODEL_ONLY,
+                    LowPrecisionModelAdapter("float32", format, along_row=engine_along_row), layer_caches=False,
+                    dtype="float32", kv_storage={"format": format, "along": "row"},
+                    model_limits={"kv_width_multiple": 32})
+
+
 MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     **{f"model-{name}": (lambda name=name, policy=policy: Declared(
         f"model-{name}", REFERENCE, _model(policy), model_policy={**ReferenceAdapter.model_policy, **policy}))
@@ -363,6 +372,9 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     "model-float32-kv-float32": lambda: _low_precision("float32", "float32"),  # docs/spec.md §8.3's rule throughout
     "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
     "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
+    # blocks cut from each token's whole kv row, as an engine lays its cache out: heads of 16 judged too
+    "model-float32-kv-q8_0-row": lambda: _row_blocks("q8_0"),
+    "model-float32-kv-q4_0-row": lambda: _row_blocks("q4_0"),
     # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
     "model-removal-end-only": lambda: Declared("model-removal-end-only", MODEL_ONLY,
                                                make_end_only_removal_model_adapter(), layer_caches=False,
@@ -392,6 +404,9 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
     "model-q8_0-kv-claims-float16": (lambda: _low_precision("float16", "q8_0"), "model", {}, ""),
     "model-q4_0-kv-claims-q8_0": (lambda: _low_precision("q8_0", "q4_0"), "model", {}, ""),
+    # blocks cut from each head's row, declared along the kv row: a head of 16 drawn, which it refuses
+    "model-q8_0-per-head-claims-row": (lambda: _row_blocks("q8_0", engine_along_row=False), "model", {},
+                                       "unexpected exception"),
     "model-removal-end-only-undeclared": (lambda: Declared(
         "twin-removal-end-only", MODEL_ONLY, make_end_only_removal_model_adapter(), layer_caches=False,
         model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),

@@ -745,6 +745,24 @@ MODEL_MUTANTS = (
            (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
            "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
            "model", factory="model_conformance:make_q4_0_model_adapter"),
+    # -- block formats cut from each token's whole kv row (kv_storage along: row, #36) --
+    Mutant("model_q8_0_row_read_back_heads_and_features_swapped", "model.py",
+           (("            return whole.reshape(rows.shape).astype(self.kv_dtype)",
+             "            return whole.reshape(*rows.shape[:-2], rows.shape[-1], rows.shape[-2]).swapaxes(-1, -2)"
+             ".astype(self.kv_dtype)"),),
+           "declares q8_0 blocks along the kv row, but reads the row back into heads feature-major: with two kv "
+           "heads, each head's features are the two heads' interleaved",
+           "model", factory="model_conformance:make_q8_0_row_model_adapter"),
+    Mutant("model_q4_0_row_blocks_across_tokens", "model.py",
+           (("            whole = stored_in_blocks(rows.reshape(*rows.shape[:-2], -1), self.kv_blocks)\n"
+             "            return whole.reshape(rows.shape).astype(self.kv_dtype)",
+             "            whole = stored_in_blocks(rows.swapaxes(-3, -2).reshape(*rows.shape[:-3], rows.shape[-2], -1),"
+             " self.kv_blocks)\n"
+             "            return whole.reshape(*rows.shape[:-3], rows.shape[-2], rows.shape[-3], rows.shape[-1])"
+             ".swapaxes(-3, -2).astype(self.kv_dtype)"),),
+           "declares q4_0 blocks along the kv row, but cuts them from its head-major layout flat: a block runs "
+           "across tokens of one head, and a batch of one token with heads of 16 is not whole blocks",
+           "model", factory="model_conformance:make_q4_0_row_model_adapter"),
     # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
     Mutant("model_float32_probabilities_in_float16", "model.py",
            (("        weights /= weights.sum(axis=-1, keepdims=True)\n",

@@ -84,7 +84,7 @@ from ..oracle import (
     rounding_errors,
 )
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
-from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_storage
+from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_along, declared_kv_storage
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -137,8 +137,9 @@ class Judge:
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
         kv = declared_kv_storage(adapter)
-        scale = "per_block" if kv in BLOCK_KV_STORAGES else "none"
-        return cls(dtype, oracle, components=components, storage=StorageFormat(kv, scale) if kv != dtype else None)
+        blocks = {"scale": "per_block", "along": declared_kv_along(adapter)} if kv in BLOCK_KV_STORAGES else {}
+        return cls(dtype, oracle, components=components,
+                   storage=StorageFormat(kv, **blocks) if kv != dtype else None)
 
     @property
     def kv_storage(self) -> str:
@@ -163,7 +164,9 @@ class Judge:
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
                      + {"minimum": "", "level": ", zero point on a level",
                         "extreme": ", larger extreme exact, 0 on a level"}[rule.zero_point]
-                     if rule.scale == "per_group" else "blocks of 32, float16 scales" if rule.scale == "per_block"
+                     if rule.scale == "per_group" else
+                     f"blocks of 32 along each {'head' if rule.along == 'head' else 'token'}'s "
+                     f"{'row' if rule.along == 'head' else 'whole kv row'}, float16 scales" if rule.scale == "per_block"
                      else f"scale {rule.scale}, {rule.update}")
             return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "

@@ -31,8 +31,9 @@ nothing (docs/spec.md §5.1, judged by the logits of what comes next).
 
 What an adapter declares besides its capabilities: ``dtype`` (the computation, e.g. ``"float32"``),
 ``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``, or
-llama.cpp's block formats ``"q8_0"``, ``"q4_0"``; default: the dtype), ``model_limits`` (``ModelLimits``)
-and ``model_policy`` (``ModelPolicy``).
+llama.cpp's block formats ``"q8_0"``, ``"q4_0"``, their blocks cut from each head's row, or as a mapping
+``{"format": "q8_0", "along": "row"}`` from each token's whole kv row; default: the dtype), ``model_limits``
+(``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ KV_STORAGES = ("float64", "float32", "float16", "bfloat16", "q8_0", "q4_0")
 # judged as a storage format (docs/spec.md §13.6) under the dtype; the block formats store 32 features a scale
 NARROW_KV_STORAGES = ("float16", "bfloat16", "q8_0", "q4_0")
 BLOCK_KV_STORAGES = {"q8_0": 32, "q4_0": 32}
+KV_ALONG = ("head", "row")  # a block format's blocks: cut from each head's row, or from a token's whole kv row
 
 CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / False
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
@@ -147,6 +149,7 @@ class ModelLimits:
     min_head_width: int | None = None
     max_head_width: int | None = None
     head_width_multiple: int | None = None  # quantized caches store blocks of 32 along a row
+    kv_width_multiple: int | None = None  # KV * dh a multiple of it: blocks of 32 along a token's whole kv row
     max_ffn_width: int | None = None
     max_cells: int | None = None
     max_sequences: int | None = None
@@ -195,6 +198,9 @@ class ModelLimits:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
             return f"head width {config.head_width} is not a multiple of {self.head_width_multiple}"
+        if self.kv_width_multiple is not None and (config.kv_heads * config.head_width) % self.kv_width_multiple:
+            return (f"kv row width {config.kv_heads} x {config.head_width} is not a multiple of "
+                    f"{self.kv_width_multiple}")
         if self.model_width_divisible_by_heads and config.model_width % config.heads:
             return f"model width {config.model_width} is not a multiple of {config.heads} heads"
         return None
@@ -209,22 +215,44 @@ class ModelLimits:
 
 
 def declared_kv_storage(adapter: Any) -> str:
-    """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked: the dtype
+    """The adapter's ``kv_storage`` format (default: its ``dtype``, itself float64 by default), checked: the dtype
     itself, or float16 / bfloat16 / q8_0 / q4_0 under a wider computation (docs/spec.md §15.6); a block
-    format needs head widths that are whole blocks (``model_limits`` ``head_width_multiple``)."""
+    format needs head widths that are whole blocks (``model_limits`` ``head_width_multiple``), or with its
+    blocks along the whole kv row, kv rows that are (``kv_width_multiple``)."""
+    return _declared_kv(adapter)[0]
+
+
+def declared_kv_along(adapter: Any) -> str:
+    """Where a block format's blocks are cut (``head``: from each head's row, the default; ``row``: from each
+    token's whole kv row), as ``kv_storage`` declares it (checked as ``declared_kv_storage`` checks it)."""
+    return _declared_kv(adapter)[1]
+
+
+def _declared_kv(adapter: Any) -> tuple[str, str]:
     dtype = str(getattr(adapter, "dtype", "float64"))
-    storage = str(getattr(adapter, "kv_storage", None) or dtype)
+    given = getattr(adapter, "kv_storage", None) or dtype
+    along = "head"
+    if isinstance(given, Mapping):
+        if set(given) != {"format", "along"} or given["along"] not in KV_ALONG or str(
+                given["format"]) not in BLOCK_KV_STORAGES:
+            raise ValueError(f"kv_storage as a mapping is a block format and where its blocks are cut, "
+                             f"{{'format': one of {tuple(BLOCK_KV_STORAGES)}, 'along': one of {KV_ALONG}}}, got "
+                             f"{dict(given)!r}")
+        given, along = given["format"], str(given["along"])
+    storage = str(given)
     if storage not in KV_STORAGES:
         raise ValueError(f"kv_storage must be one of {KV_STORAGES}, got {storage!r}")
     if storage != dtype and storage not in NARROW_KV_STORAGES:
         raise ValueError(f"kv_storage {storage!r} under dtype {dtype!r}: a cache is the dtype itself, or one of "
                          f"{NARROW_KV_STORAGES} under a wider computation")
     block = BLOCK_KV_STORAGES.get(storage)
-    multiple = ModelLimits.of(adapter).head_width_multiple
+    limit = "head_width_multiple" if along == "head" else "kv_width_multiple"
+    multiple = getattr(ModelLimits.of(adapter), limit)
     if block is not None and (multiple is None or multiple % block):
-        raise ValueError(f"kv_storage {storage!r} stores blocks of {block} features of a head row: declare "
-                         f"model_limits head_width_multiple {block} (or a multiple of it), got {multiple!r}")
-    return storage
+        whose = "a head" if along == "head" else "a kv"
+        raise ValueError(f"kv_storage {storage!r} stores blocks of {block} features of {whose} row: declare "
+                         f"model_limits {limit} {block} (or a multiple of it), got {multiple!r}")
+    return storage, along
 
 
 def model_methods(capabilities: frozenset[str]) -> list[str]:
@@ -312,4 +340,5 @@ class ModelAdapter(Protocol):
 
 __all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "REMOVALS",
            "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
-           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
+           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along", "declared_kv_storage",
+           "model_methods"]
