@@ -432,11 +432,21 @@ def kv_storage_of(storage: str | StorageFormat, numbers: NumberSystem) -> KvStor
     ``float32``, ``float16``, ``bfloat16``: each element rounded to nearest. ``q8_0``, ``q4_0``: llama.cpp's
     block formats, one float16 scale per 32 consecutive features (``storage.StorageFormat``), cut from each
     head's row (a whole number of blocks: the head width a multiple of 32) or, for a ``StorageFormat`` along
-    ``row``, from the token's whole kv row (a ``WholeRowStorage``: ``KV * dh`` a multiple of 32).
+    ``row``, from the token's whole kv row (a ``WholeRowStorage``: ``KV * dh`` a multiple of 32). Affine
+    groups (a ``per_group`` ``StorageFormat``): each head row's groups of consecutive features, as a layer stores.
     """
     dtype = storage if isinstance(storage, str) else storage.format
     if dtype == "float64":
         return None
+    if isinstance(storage, StorageFormat) and storage.scale == "per_group":
+        groups = storage
+
+        def in_groups(row: Vector) -> Vector:
+            if len(row) % groups.group:
+                raise OracleInputError(f"groups of {groups.group} features do not divide a head row of {len(row)}")
+            floats = np.array([numbers.to_float(v) for v in row], dtype=np.float64).reshape(1, 1, 1, -1)
+            return [numbers.number(float(v)) for v in groups.stored(floats).ravel()]
+        return in_groups
     if dtype in BLOCK_FORMATS:
         blocks = StorageFormat(dtype, "per_block")
         what = "a kv row" if isinstance(storage, StorageFormat) and storage.along == "row" else "a head row"

@@ -43,6 +43,8 @@ from impl.model_conformance import (
     ModelReferenceAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_uint4_extreme_model_adapter,
+    make_uint4_groups_model_adapter,
     make_unbounded_shift_model_adapter,
 )
 from impl.paged_cache import PoolState
@@ -356,6 +358,15 @@ def _row_blocks(format: str, *, engine_along_row: bool = True) -> Declared:
                     model_limits={"kv_width_multiple": 32})
 
 
+def _affine_cache(zero_point: str = "minimum", declared: StorageRule | None = None) -> Declared:
+    """float32 computation over affine 4-bit groups of 4 (``zero_point``), declared as ``declared`` (default: what
+    it stores) in ``kv_storage``; heads the group divides."""
+    engine = make_uint4_groups_model_adapter() if zero_point == "minimum" else make_uint4_extreme_model_adapter()
+    rule = declared or StorageRule("uint4", "per_group", group=4, zero_point=zero_point)
+    return Declared(f"model-float32-kv-uint4-{zero_point}", MODEL_ONLY, engine, layer_caches=False,
+                    dtype="float32", kv_storage=rule.declared(), model_limits={"head_width_multiple": rule.group})
+
+
 MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     **{f"model-{name}": (lambda name=name, policy=policy: Declared(
         f"model-{name}", REFERENCE, _model(policy), model_policy={**ReferenceAdapter.model_policy, **policy}))
@@ -375,6 +386,9 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     # blocks cut from each token's whole kv row, as an engine lays its cache out: heads of 16 judged too
     "model-float32-kv-q8_0-row": lambda: _row_blocks("q8_0"),
     "model-float32-kv-q4_0-row": lambda: _row_blocks("q4_0"),
+    # affine groups as the model's cache (HQQ's and KIVI's kind; mlx-lm's QuantizedKVCache with the larger extreme)
+    "model-float32-kv-uint4-groups": lambda: _affine_cache(),
+    "model-float32-kv-uint4-extreme": lambda: _affine_cache("extreme"),
     # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
     "model-removal-end-only": lambda: Declared("model-removal-end-only", MODEL_ONLY,
                                                make_end_only_removal_model_adapter(), layer_caches=False,
@@ -404,6 +418,9 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
     "model-q8_0-kv-claims-float16": (lambda: _low_precision("float16", "q8_0"), "model", {}, ""),
     "model-q4_0-kv-claims-q8_0": (lambda: _low_precision("q8_0", "q4_0"), "model", {}, ""),
+    # affine groups of 4 bits declared as 8 bits: every group's step 17 x the declared one
+    "model-uint4-groups-claims-uint8": (
+        lambda: _affine_cache(declared=StorageRule("uint8", "per_group", group=4)), "model", {}, ""),
     # blocks cut from each head's row, declared along the kv row: a head of 16 drawn, which it refuses
     "model-q8_0-per-head-claims-row": (lambda: _row_blocks("q8_0", engine_along_row=False), "model", {},
                                        "unexpected exception"),

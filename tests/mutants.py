@@ -763,6 +763,19 @@ MODEL_MUTANTS = (
            "declares q4_0 blocks along the kv row, but cuts them from its head-major layout flat: a block runs "
            "across tokens of one head, and a batch of one token with heads of 16 is not whole blocks",
            "model", factory="model_conformance:make_q4_0_row_model_adapter"),
+    # -- affine groups as a whole model's kv_storage (#36) --
+    Mutant("model_uint4_groups_read_back_without_the_minimum", "storage.py",
+           (("stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape(",
+             "stored: np.ndarray = (np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape("),),
+           "declares affine groups as its model's cache, but reads a group back without adding its minimum",
+           "model", factory="model_conformance:make_uint4_groups_model_adapter"),
+    Mutant("model_uint4_groups_one_group_a_head", "model.py",
+           (("return self.kv_groups.round(rows.astype(np.float64), np.ones(1)).astype(self.kv_dtype)",
+             "return type(self.kv_groups)(self.kv_groups.format, \"per_group\", group=rows.shape[-1]).round("
+             "rows.astype(np.float64), np.ones(1)).astype(self.kv_dtype)"),),
+           "declares affine groups of 4, but rounds each head row as one group: a head of 32 at its whole range's "
+           "step",
+           "model", factory="model_conformance:make_uint4_groups_model_adapter"),
     # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
     Mutant("model_float32_probabilities_in_float16", "model.py",
            (("        weights /= weights.sum(axis=-1, keepdims=True)\n",

@@ -189,6 +189,18 @@ def test_blocks_along_the_kv_row_run_across_heads() -> None:
                                  kv_storage=along_row) - exact).max() < 0.5
 
 
+def test_affine_groups_store_each_head_row_as_a_layer_stores_it() -> None:
+    """A whole model's cache of affine groups: each head row's groups of consecutive features, exactly as the
+    layer rule (``StorageFormat.stored``) stores a row; a head the group does not divide is an input error."""
+    rule = StorageFormat("uint4", "per_group", group=4, zero_point="extreme")
+    stored = kv_storage_of(rule, FLOAT64)
+    row = [float(v) for v in np.random.default_rng(5).normal(size=8)]
+    assert stored(row) == list(rule.stored(np.array(row).reshape(1, 1, 1, 8)).ravel())
+    assert stored(row) != row
+    with pytest.raises(OracleInputError, match="groups of 4"):
+        stored(row[:6])
+
+
 # -- the cell model ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("unified", [True, False])

@@ -13,7 +13,7 @@ from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig, Stor
 from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
 from kvcache_conformance.protocol.declarations import declaration_problems
 from kvcache_conformance.protocol.kinds import ErrorKind
-from kvcache_conformance.protocol.model import declared_kv_along, declared_kv_storage
+from kvcache_conformance.protocol.model import declared_kv_along, declared_kv_storage, described_kv_storage
 
 
 def adapter(**attributes: Any) -> Any:
@@ -112,6 +112,29 @@ def test_block_formats_along_the_kv_row_need_whole_kv_rows() -> None:
         with pytest.raises(ValueError, match="kv_storage as a mapping"):
             declared_kv_storage(adapter(dtype="float32", kv_storage=bad, model_limits={"kv_width_multiple": 32}))
     assert declaration_problems(adapter(dtype="float32", kv_storage={"format": "q8_0", "along": "row"}))
+
+
+def test_affine_groups_as_kv_storage_need_heads_the_group_divides() -> None:
+    """``kv_storage`` as a layer's affine ``storage`` mapping: judged as that format under any dtype, with
+    ``head_width_multiple`` a multiple of the group; a malformed one is refused with its reason."""
+    groups = {"format": "uint4", "scale": "per_group", "group": 4, "zero_point": "extreme", "min_step": 1e-7}
+    for dtype in ("float64", "float32", "float16"):
+        declared = adapter(dtype=dtype, kv_storage=groups, model_limits={"head_width_multiple": 8})
+        assert declared_kv_storage(declared) == "uint4" and declared_kv_along(declared) == "head"
+        judge = Judge.for_model(declared, FLOAT64)
+        assert judge.storage == StorageFormat("uint4", "per_group", group=4, min_step=1e-7, zero_point="extreme")
+        assert judge.kv_storage == "uint4" and "groups of 4" in judge.rule
+        assert described_kv_storage(declared) == groups
+    for limits in (None, {"head_width_multiple": 2}, {"kv_width_multiple": 4}):
+        with pytest.raises(ValueError, match="head_width_multiple 4"):
+            declared_kv_storage(adapter(dtype="float32", kv_storage=groups, model_limits=limits))
+    for bad, complaint in (({**groups, "zero_point": "middle"}, "zero_point must be one of"),
+                           ({**groups, "group": 0}, "per_group needs group"),
+                           ({**groups, "update": "frozen"}, "kv_storage as a mapping"),
+                           ({"format": "int8", "scale": "per_group", "group": 4}, "an integer format")):
+        with pytest.raises(ValueError, match=complaint):
+            declared_kv_storage(adapter(dtype="float32", kv_storage=bad, model_limits={"head_width_multiple": 4}))
+    assert described_kv_storage(adapter(dtype="float32", kv_storage="float16")) == "float16"
 
 
 def test_sequence_operations_need_whole_model() -> None:

@@ -84,7 +84,7 @@ from ..oracle import (
     rounding_errors,
 )
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
-from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_along, declared_kv_storage
+from ..protocol.model import declared_kv_format
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -136,10 +136,7 @@ class Judge:
         format where the cache is narrower than the computation (the naive baseline then reads every key and
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
-        kv = declared_kv_storage(adapter)
-        blocks = {"scale": "per_block", "along": declared_kv_along(adapter)} if kv in BLOCK_KV_STORAGES else {}
-        return cls(dtype, oracle, components=components,
-                   storage=StorageFormat(kv, **blocks) if kv != dtype else None)
+        return cls(dtype, oracle, components=components, storage=declared_kv_format(adapter))
 
     @property
     def kv_storage(self) -> str:
