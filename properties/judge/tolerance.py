@@ -53,7 +53,11 @@ bare at position 0), take a floor of 0.51 ulps, error / tolerance 0.11.
   error of the oracle's computation over exactly what such a cache stores
   (same format, same scale rule), plus ``STORAGE_FLOOR_UNITS`` units of the
   format -- an ulp for a float format, one quantization step for an integer
-  one, relative to the expected magnitude -- plus the dtype's own floor.
+  one, ``1/levels`` for affine groups (whatever their zero point), ``1/127``
+  or ``1/8`` for a block format (whether cut per head or along the kv row),
+  relative to the expected magnitude -- plus the dtype's own floor; cached
+  rows, one step at each element (``StorageFormat.steps``: for affine groups
+  with the larger extreme exact, the rescaled step ``|e| / k``).
   Measured by ``python bench/run.py --only storage`` (numbers in the
   module's constants below and docs/spec.md §13.6).
 
