@@ -92,7 +92,7 @@ class ModelMachine(ConformanceMachine):
         self.oracle_models = [Model(self.config, self.weights, numbers=self.judge.oracle)]
         if naive is not None:
             self.oracle_models.append(Model(self.config, self.weights, numbers=naive,
-                                            kv_storage=kv_storage_of(self.judge.storage.format, naive)
+                                            kv_storage=kv_storage_of(self.judge.storage, naive)
                                             if self.judge.storage is not None else None))
         self.saved: list[tuple[Any, list[Any], int]] = []  # the adapter's state, the oracles', the cells saved
         self._new_context()
