@@ -2,15 +2,18 @@
 
 The model side is the oracle's cell model (``oracle.model.CellContext``) of the context under test, driven
 alike: it says what each call is due (it refuses with the spec's kind before changing anything), and a valid
-decode's logits are its own. For a low-precision adapter a second cell model computes the naive baseline in
-the declared dtype over the declared ``kv_storage`` (docs/spec.md §15.6), whose error sets the tolerance.
+decode's logits are its own. For a low-precision adapter a second cell model computes the baseline that sets
+the tolerance (docs/spec.md §15.6): the rounding errors any evaluation in the declared dtype may have, or with
+a narrower ``kv_storage`` the naive computation in the dtype over what the cache stores.
 
 Rules interleave, over two or three sequences: prompts, single tokens and batches mixing sequences (ids and
 positions as Python or numpy ints); removals at the end, in the middle and of every sequence (ranges open at
 any negative end); copies (whole and range, into empty and non-empty sequences); keeps, shifts, divides;
 shifts past ``max_positions`` (outside the model: judged only by §5.1); saves and loads (the same id, another
 id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
-the room, operations on unknown sequences. Every logit asked for is
+the room, operations on unknown sequences; and, each set up whole in one rule, the chains engines get wrong (a
+load where the room is short, a save with a move pending, a move then a batch past the room, three sequences
+over one copy, a save after storage and position orders diverge: docs/spec.md §11.1). Every logit asked for is
 compared with the oracle, and after every rule every sequence's smallest and largest positions. A call that
 raised must change nothing: the positions are compared at once, the cells by the logits of what comes next.
 """
