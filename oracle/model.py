@@ -239,11 +239,11 @@ class CellContext:
         """The cells ``seq`` sees, in store order."""
         return [cell for cell in self.store_of(seq) if seq in cell.sequences]
 
-    def pos_min(self, seq: int) -> int:
-        return min((cell.position for cell in self.cells_of(seq)), default=-1)
+    def pos_min(self, seq: int) -> int:  # a Python int, whatever ints the batches gave (numpy's, §15.3)
+        return int(min((cell.position for cell in self.cells_of(seq)), default=-1))
 
     def pos_max(self, seq: int) -> int:
-        return max((cell.position for cell in self.cells_of(seq)), default=-1)
+        return int(max((cell.position for cell in self.cells_of(seq)), default=-1))
 
     def free(self, store: list[Cell]) -> int:
         return self.capacity - len(store)

@@ -556,3 +556,12 @@ def test_float64_and_mpmath_agree_through_the_operations() -> None:
         logits += [decode(ctx, seq, [7, 8]) for seq in (0, 1, 2)]
         results.append(np.vstack(logits))
     np.testing.assert_allclose(results[0], results[1], rtol=0, atol=1e-12)
+
+
+def test_positions_read_back_as_python_ints_whatever_ints_a_batch_gave() -> None:
+    """A batch's positions may be numpy ints (docs/spec.md §15.3); what the cell model says a sequence holds is a
+    Python int, which every strategy bound drawn from it takes (Hypothesis refuses np.int64 as a list size: the
+    model machine's store filling met it against llama.cpp, as a suite error)."""
+    oracle = context(MODEL_PRESETS["tiny"])
+    oracle.decode(ModelBatch((np.int64(3), np.int64(1)), (np.int64(0), np.int64(1)), (0, 0), (True, True)))
+    assert type(oracle.pos_min(0)) is int and type(oracle.pos_max(0)) is int and oracle.pos_max(0) == 1

@@ -473,7 +473,7 @@ class ModelMachine(ConformanceMachine):
         low, high = (0 if p0 < 0 else p0), (float("inf") if p1 < 0 else p1)
         moved = [c for c in self.oracles[0].cells_of(seq) if low <= c.position < high]
         sharers = {s for c in moved for s in c.sequences}
-        positions = [c.position for c in moved] + [self.oracles[0].pos_max(s) for s in sharers]
+        positions = [int(c.position) for c in moved] + [self.oracles[0].pos_max(s) for s in sharers]
         return (min(positions), max(positions)) if positions else (0, 0)
 
     @rule(data=st.data(), requires=[Capability.SEQ_DIVIDE])
