@@ -402,6 +402,19 @@ def make_end_only_removal_adapter() -> EndOnlyRemovalAdapter:
     return EndOnlyRemovalAdapter()
 
 
+class PositionsFromZeroAdapter(ReferenceAdapter):
+    """The default reference whose whole model numbers positions itself, ignoring the batch's (``positions:
+    from_zero``; the model alone: ``impl.model_conformance:make_positions_from_zero_model_adapter``); its model
+    mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[positions from zero]"
+    model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, "positions": "from_zero"}
+
+
+def make_positions_from_zero_adapter() -> PositionsFromZeroAdapter:
+    return PositionsFromZeroAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

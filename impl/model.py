@@ -161,7 +161,7 @@ class ModelContext:
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
-                 end_only_removal: bool = False, bounded_shifts: bool = True) -> None:
+                 end_only_removal: bool = False, bounded_shifts: bool = True, numbers_positions: bool = False) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -177,6 +177,9 @@ class ModelContext:
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
         self.bounded_shifts = bounded_shifts  # a shift past max_positions refused (else done, as llama.cpp does)
+        # the batch's positions ignored: each sequence's tokens numbered on from its largest position, an empty one
+        # from 0 (llama.cpp's decode of a batch whose pos is NULL)
+        self.numbers_positions = numbers_positions
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -252,7 +255,8 @@ class ModelContext:
 
     def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
         s = self.model.shape
-        tokens, positions, sequences = list(tokens), list(positions), list(sequences)
+        tokens, sequences = list(tokens), list(sequences)
+        positions = self._numbered(sequences) if self.numbers_positions else list(positions)
         if not tokens:
             raise MalformedBatch("the batch is empty")
         for i, (token, position, seq) in enumerate(zip(tokens, positions, sequences)):
@@ -272,6 +276,22 @@ class ModelContext:
                 raise MalformedBatch(f"sequence {seq}'s positions {mine.tolist()} do not follow "
                                      f"{'an empty sequence' if last < 0 else last} one by one")
         return as_arrays
+
+    def _numbered(self, sequences: list[Any]) -> list[Any]:
+        """The engine's own positions for a batch of ``sequences``: each sequence's tokens run on, in batch order,
+        from its largest position + 1 (an empty sequence from 0)."""
+        following: dict[int, int] = {}
+        numbered: list[Any] = []
+        for seq in sequences:
+            if not (_is_int(seq) and 0 <= seq < self.sequences):
+                numbered.append(0)  # refused below, as an unknown sequence
+                continue
+            key = int(seq)
+            if key not in following:
+                following[key] = self.pos_max(key) + 1
+            numbered.append(following[key])
+            following[key] += 1
+        return numbered
 
     # -- sequence operations --
 

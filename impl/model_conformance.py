@@ -45,7 +45,8 @@ class ModelReferenceMethods:
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
                             kv_dtype=getattr(self, "kv_storage", None),
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
-                            bounded_shifts=getattr(self, "bounded_shifts", True))
+                            bounded_shifts=getattr(self, "bounded_shifts", True),
+                            numbers_positions=self.model_policy.get("positions", "given") == "from_zero")
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -151,6 +152,20 @@ class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
 
 def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
     return EndOnlyRemovalModelAdapter()
+
+
+class PositionsFromZeroModelAdapter(ModelReferenceAdapter):
+    """The reference taking no position from the caller: it ignores the batch's positions and numbers each
+    sequence's tokens itself, on from the sequence's largest position, an empty sequence from 0 (llama.cpp's
+    decode of a batch whose ``pos`` is NULL). It declares ``positions:
+    from_zero``; a batch whose positions do not run on is not refused but numbered anew."""
+
+    name = f"{ModelReferenceAdapter.name}[positions from zero]"
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "positions": "from_zero"}
+
+
+def make_positions_from_zero_model_adapter() -> PositionsFromZeroModelAdapter:
+    return PositionsFromZeroModelAdapter()
 
 
 class UnboundedShiftModelAdapter(ModelReferenceAdapter):

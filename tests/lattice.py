@@ -41,8 +41,10 @@ from impl.model_conformance import (
     EndOnlyRemovalModelAdapter,
     LowPrecisionModelAdapter,
     ModelReferenceAdapter,
+    PositionsFromZeroModelAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_positions_from_zero_model_adapter,
     make_unbounded_shift_model_adapter,
 )
 from impl.paged_cache import PoolState
@@ -378,6 +380,10 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     # judged by §5.1 alone, so both conform declaring nothing (docs/spec.md §15.4); no twin, as nothing is declared
     "model-shifts-past-the-model": lambda: Declared("model-shifts-past-the-model", MODEL_ONLY,
                                                     make_unbounded_shift_model_adapter(), layer_caches=False),
+    # takes no position from the caller: numbers each sequence on from its largest position, an empty one from 0
+    "model-positions-from-zero": lambda: Declared("model-positions-from-zero", MODEL_ONLY,
+                                                  make_positions_from_zero_model_adapter(), layer_caches=False,
+                                                  model_policy=PositionsFromZeroModelAdapter.model_policy),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -402,6 +408,10 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                          layer_caches=False, mixed_precision={}), "model", {}, ""),  # logits past 1e-12
     "model-width-divisible-by-heads-undeclared": (
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
+    # an empty sequence started at 1-3 is held from 0; positions that do not run on are numbered, not refused
+    "model-positions-from-zero-undeclared": (lambda: Declared(
+        "twin-positions-from-zero", MODEL_ONLY, make_positions_from_zero_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
 }
 
 

@@ -796,6 +796,18 @@ MODEL_MUTANTS = (
              "            if (held & (self.positions >= p1)).any():\n                return\n"),),
            "a removal in the middle it cannot do returns as if done, removing nothing", "model",
            factory="make_end_only_removal_adapter"),
+    # behind the reference numbering positions itself (positions: from_zero, impl.conformance:
+    # make_positions_from_zero_adapter)
+    Mutant("model_from_zero_next_is_the_cell_count", "model.py",
+           (("                following[key] = self.pos_max(key) + 1\n",
+             "                following[key] = int(self.members[self.stream(key), :, key].sum())\n"),),
+           "numbers a sequence's next token by the cells it holds (a cache's length), not its largest position + 1",
+           "model", factory="make_positions_from_zero_adapter"),
+    Mutant("model_from_zero_one_count_per_store", "model.py",
+           (("                following[key] = self.pos_max(key) + 1\n",
+             "                following[key] = int(self.positions[self.stream(key)].max()) + 1\n"),),
+           "numbers a sequence's next token on from the largest position of its store (one count for a unified "
+           "context), not of the sequence", "model", factory="make_positions_from_zero_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 

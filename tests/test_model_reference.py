@@ -237,6 +237,23 @@ def test_an_end_only_context_refuses_a_removal_that_leaves_cells_after_it_and_ch
     assert context.pos_max(0) == -1
 
 
+def test_a_context_numbering_positions_ignores_the_batch_s_and_runs_each_sequence_on_from_its_largest() -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    numbered = ModelContext(model, 16, 2, True, numbers_positions=True)
+    given = ModelContext(model, 16, 2, True)
+    logits = numbered.decode([1, 2, 3], [7, 7, 9], [0, 1, 0], [True] * 3)  # the positions given are not read
+    np.testing.assert_array_equal(logits, given.decode([1, 2, 3], [0, 0, 1], [0, 1, 0], [True] * 3))
+    for context in (numbered, given):
+        context.remove(0, 0, 1)  # sequence 0 holds position 1 alone: its next is 2, not its count of cells
+        context.shift(1, -1, -1, 3)
+    np.testing.assert_array_equal(numbered.decode([4, 5], [0, 0], [0, 1], [True] * 2),
+                                  given.decode([4, 5], [2, 4], [0, 1], [True] * 2))
+    numbered.remove(-1, -1, -1)
+    numbered.decode([6], [5], [1], [True])
+    assert (numbered.pos_min(1), numbered.pos_max(1)) == (0, 0)  # emptied, it starts again at 0
+
+
 def test_a_shift_past_max_positions_is_refused_before_anything_moves() -> None:
     config = MODEL_PRESETS["tiny"]  # 64 positions
     context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True)

@@ -93,6 +93,12 @@ class Watching(ModelReferenceAdapter):
         if self.model_limits.get("max_batch", 99) < len(batch.tokens):
             raise AssertionError(f"a batch of {len(batch.tokens)} tokens past max_batch")
         holding = any(context.pos_max(s) >= 0 for s in range(context.sequences))
+        if all(0 <= s < context.sequences for s in batch.sequences):  # else malformed by its sequence first
+            for seq in set(batch.sequences):
+                mine = [p for p, s in zip(batch.positions, batch.sequences) if s == seq]
+                start = mine[0] if context.pos_max(seq) < 0 else context.pos_max(seq) + 1
+                self.seen["empty sequence started past 0"] += context.pos_max(seq) < 0 and start != 0
+                self.seen["positions not running on"] += mine != list(range(start, start + len(mine)))
         self.changes[id(context)] += 1
         self.seen["numpy ids"] += all(isinstance(t, np.integer) for t in batch.tokens)
         try:
@@ -169,6 +175,7 @@ def test_programs_reach_every_situation() -> None:
     for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
                       "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
+                      "empty sequence started past 0", "positions not running on",
                       "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 
@@ -179,3 +186,12 @@ def test_programs_stay_within_a_narrow_declaration() -> None:
     adapter.model_limits = LIMITS
     seen = watched_run(adapter)
     assert seen["range copy"] == 0 and seen["copy into a non-empty sequence"] >= 1, dict(seen)
+
+
+@pytest.mark.slow
+def test_where_the_engine_numbers_positions_every_empty_sequence_starts_at_0() -> None:
+    """``positions: from_zero``: no batch starts an empty sequence past 0, and none has positions that do not run
+    on (the engine cannot be handed positions); the batches the reference then numbers itself are the ones drawn."""
+    seen = watched_run(Watching(positions="from_zero"))
+    assert seen["empty sequence started past 0"] == 0 and seen["positions not running on"] == 0, dict(seen)
+    assert seen["malformed batch on a context holding cells"] >= 3 and seen["batch mixing sequences"] >= 3, dict(seen)

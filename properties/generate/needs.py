@@ -23,6 +23,7 @@ from ..protocol.declarations import (
     drives_layer_caches,
 )
 from ..protocol.kinds import Capability, declared
+from ..protocol.model import ModelPolicy
 from ..protocol.paged import PagedPolicy
 from .layers import layer_families
 
@@ -75,6 +76,10 @@ DECLARATIONS: dict[str, Declaration] = {
     # a program that forks runs under any fork but "none" (each judged as its pool declares)
     "paged_policy.fork": Declaration(lambda a: PagedPolicy.of(a).fork,
                                      lambda recorded, here: recorded == here or "none" not in (recorded, here)),
+    # every empty sequence started at 0, no batch drawn whose positions do not run on: a program drawn so is one
+    # an engine taking the caller's positions can be handed too, not the other way round
+    "model_policy.positions": Declaration(lambda a: ModelPolicy.of(a).positions,
+                                          lambda recorded, here: recorded in (here, "from_zero")),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),

@@ -39,6 +39,7 @@ from .base import ConformanceMachine
 
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
 MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
+POSITIONS = "model_policy.positions"  # every program's starts and malformations are drawn under it
 RANGES = ("all", "to the end", "from the start", "in the middle")
 OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
 INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
@@ -69,7 +70,7 @@ class ModelMachine(ConformanceMachine):
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    @initialize(data=st.data())
+    @initialize(data=st.data(), relies_on=[POSITIONS])
     def build_model_and_context(self, data: Draws) -> None:
         """A tiny model of a declared RoPE pairing, and a context of a declared kind."""
         self.config = data.draw(g.model_configs(self.capabilities, self.model_limits), label="model")
@@ -164,8 +165,11 @@ class ModelMachine(ConformanceMachine):
     # -- batches ---------------------------------------------------------------------------------------------
 
     def _next_position(self, seq: int, data: Draws) -> int:
+        """Where ``seq``'s next token goes: after its largest position; an empty sequence starts at 0-3, or at 0 where
+        the engine numbers positions itself (``positions: from_zero``)."""
         held = self.oracles[0].pos_max(seq)
-        return held + 1 if held >= 0 else data.draw(st.integers(0, 3), label=f"sequence {seq} starts at")
+        latest = 0 if self.policy.positions == "from_zero" else 3
+        return held + 1 if held >= 0 else data.draw(st.integers(0, latest), label=f"sequence {seq} starts at")
 
     def _batch(self, data: Draws, chosen: list[int], counts: list[int], *, mixed: bool) -> ModelBatch:
         """``counts[i]`` tokens of sequence ``chosen[i]`` at its next positions, in order or interleaved."""
@@ -236,10 +240,12 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data())
     def malformed_batch(self, data: Draws) -> None:
         """A batch with a token outside the vocabulary, positions that do not run on one by one, or an unknown
-        sequence: malformed_batch (judged with validates_model_batch), changing nothing."""
+        sequence: malformed_batch (judged with validates_model_batch), changing nothing. Where the engine numbers
+        positions itself (``positions: from_zero``) it cannot be handed positions, so none that do not run on."""
         seq = self._a_sequence(data)
         batch = self._batch(data, [seq], [data.draw(st.integers(1, 3), label="tokens")], mixed=False)
-        problem = data.draw(st.sampled_from(MALFORMATIONS), label="malformation")
+        offered = [m for m in MALFORMATIONS if m != MALFORMATIONS[1] or self.policy.positions == "given"]
+        problem = data.draw(st.sampled_from(offered), label="malformation")
         index = data.draw(st.integers(0, len(batch.tokens) - 1), label="index")
         fields = {"tokens": list(batch.tokens), "positions": list(batch.positions), "sequences": list(batch.sequences)}
         if problem == MALFORMATIONS[0]:

@@ -62,6 +62,9 @@ COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: kee
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
 FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
 REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
+# a batch's positions: given by the caller (an empty sequence may start anywhere); or numbered by the engine itself,
+# an empty sequence from 0 and each next token at the sequence's largest position + 1 (llama.cpp with batch.pos NULL)
+POSITIONS = ("given", "from_zero")
 
 
 class ModelPolicyError(TypeError):
@@ -89,6 +92,10 @@ class ModelPolicy:
       would leave cells of the sequence after the range may be refused with ``refused``, changing nothing:
       llama.h's "Returns false if a partial sequence cannot be removed", transformers' ``crop``); removals to
       the end and of whole sequences must still succeed, and the suite expects refusal or success of the rest.
+    - ``positions``: ``"given"`` (the engine takes each token's position from the batch; an empty sequence may
+      start at any position) or ``"from_zero"`` (the engine takes no position from the caller: an empty sequence
+      starts at 0, each next token at the sequence's largest position + 1). ``from_zero``: the suite starts every
+      empty sequence at 0 and draws no batch whose positions do not run on (the engine cannot be handed one).
     """
 
     contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
@@ -98,6 +105,7 @@ class ModelPolicy:
     negative_shift: str = "removed"
     refuses_shift: bool = False
     removal: str = "any"
+    positions: str = "given"
 
     @classmethod
     def of(cls, adapter: Any) -> ModelPolicy:
@@ -118,7 +126,8 @@ class ModelPolicy:
             if not isinstance(given.get(name, False), bool):
                 raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
         for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
-                              ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS)):
+                              ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS),
+                              ("positions", POSITIONS)):
             if name in given and given[name] not in allowed:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
         return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
@@ -131,7 +140,8 @@ class ModelPolicy:
         """For reports and failure messages."""
         return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
                 "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
-                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal}
+                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal,
+                "positions": self.positions}
 
 
 @dataclass(frozen=True)
@@ -310,6 +320,6 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "REMOVALS",
+__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS", "REMOVALS",
            "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
            "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
