@@ -415,6 +415,18 @@ def make_positions_from_zero_adapter() -> PositionsFromZeroAdapter:
     return PositionsFromZeroAdapter()
 
 
+class GrowingAdapter(ReferenceAdapter):
+    """The default reference whose whole model has no capacity limit (``capacity: grows``; the model alone:
+    ``impl.model_conformance:make_growing_model_adapter``); its model mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[grows]"
+    model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, "capacity": "grows"}
+
+
+def make_growing_adapter() -> GrowingAdapter:
+    return GrowingAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

@@ -161,7 +161,8 @@ class ModelContext:
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
-                 end_only_removal: bool = False, bounded_shifts: bool = True, numbers_positions: bool = False) -> None:
+                 end_only_removal: bool = False, bounded_shifts: bool = True, numbers_positions: bool = False,
+                 grows: bool = False) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -180,6 +181,7 @@ class ModelContext:
         # the batch's positions ignored: each sequence's tokens numbered on from its largest position, an empty one
         # from 0 (llama.cpp's decode of a batch whose pos is NULL)
         self.numbers_positions = numbers_positions
+        self.grows = grows  # no capacity limit: a store short of free cells is reallocated larger, never full
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -206,6 +208,28 @@ class ModelContext:
     def _free_slots(self, stream: int) -> np.ndarray:
         return np.flatnonzero(~self.members[stream].any(axis=1))
 
+    def _reserve(self, stream: int, needed: int) -> None:
+        """A growing context: at least ``needed`` free cells in ``stream``, every store reallocated alike (at least
+        twice as large), the cells held copied over. Growing is not observable: the same cells, more room."""
+        short = needed - len(self._free_slots(stream))
+        if not self.grows or short <= 0:
+            return
+        held, grown = self.capacity, max(2 * self.capacity, self.capacity + short)
+
+        def widened(array: np.ndarray, axis: int, fill: Any) -> np.ndarray:
+            shape = list(array.shape)
+            shape[axis] = grown
+            wide = np.full(shape, fill, dtype=array.dtype)
+            wide[(slice(None),) * axis + (slice(0, held),)] = array
+            return wide
+
+        self.keys = widened(self.keys, 2, 0)
+        self.values = widened(self.values, 2, 0)
+        self.positions = widened(self.positions, 1, -1)
+        self.tokens = widened(self.tokens, 1, -1)
+        self.members = widened(self.members, 1, False)
+        self.capacity = grown
+
     # -- decoding --
 
     def decode(self, tokens: Any, positions: Any, sequences: Any, logits: Any) -> np.ndarray:
@@ -216,6 +240,7 @@ class ModelContext:
         streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
         for stream in np.unique(streams):
             mine = np.flatnonzero(streams == stream)
+            self._reserve(int(stream), len(mine))
             free = self._free_slots(stream)
             if len(mine) > len(free):
                 raise ContextFull(len(mine), len(free), "decoding the batch")
@@ -343,6 +368,7 @@ class ModelContext:
                 self.remove(dst, -1, -1)
             self.members[source, picked, dst] = True
             return
+        self._reserve(target, len(picked))
         only_dst = self.members[target, :, dst] & (self.members[target].sum(axis=1) == 1)
         free = len(self._free_slots(target)) + (int(only_dst.sum()) if replacing else 0)
         if len(picked) > free:
@@ -421,6 +447,7 @@ class ModelContext:
             raise SequenceOperationRefused("load_sequence", "the state is not a saved sequence of this model")
         stream = self.stream(seq)
         only_seq = self.members[stream, :, seq] & (self.members[stream].sum(axis=1) == 1)
+        self._reserve(stream, len(state.positions))
         free = len(self._free_slots(stream)) + int(only_seq.sum())
         if len(state.positions) > free:
             raise ContextFull(len(state.positions), free, "loading the sequence")

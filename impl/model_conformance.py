@@ -46,7 +46,8 @@ class ModelReferenceMethods:
                             kv_dtype=getattr(self, "kv_storage", None),
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
                             bounded_shifts=getattr(self, "bounded_shifts", True),
-                            numbers_positions=self.model_policy.get("positions", "given") == "from_zero")
+                            numbers_positions=self.model_policy.get("positions", "given") == "from_zero",
+                            grows=self.model_policy.get("capacity", "fixed") == "grows")
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -166,6 +167,21 @@ class PositionsFromZeroModelAdapter(ModelReferenceAdapter):
 
 def make_positions_from_zero_model_adapter() -> PositionsFromZeroModelAdapter:
     return PositionsFromZeroModelAdapter()
+
+
+class GrowingModelAdapter(ModelReferenceAdapter):
+    """The reference with no capacity limit: a context short of free cells for a batch, a duplicating copy or a
+    load reallocates its stores larger (as transformers' DynamicCache concatenates), never full. It declares
+    ``capacity: grows``, and not ``fixed_capacity`` (it is never full); ``context_cells`` reports the cells it has
+    now."""
+
+    name = f"{ModelReferenceAdapter.name}[grows]"
+    capabilities = ModelReferenceAdapter.capabilities - {"fixed_capacity"}
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "capacity": "grows"}
+
+
+def make_growing_model_adapter() -> GrowingModelAdapter:
+    return GrowingModelAdapter()
 
 
 class UnboundedShiftModelAdapter(ModelReferenceAdapter):

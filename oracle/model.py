@@ -194,11 +194,12 @@ class CellContext:
 
     ``shared_copies``: in a unified context a copy adds the destination to the source's cells (the same
     cells, no room used) instead of duplicating them. ``copy_into_nonempty``: ``"merge"``, ``"replace"`` or
-    ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``).
+    ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``). ``grows``: no
+    capacity limit -- nothing is ever full, and ``capacity`` is only the cells the context was asked for.
     """
 
     def __init__(self, model: Model, config: ContextConfig, *, shared_copies: bool = True,
-                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None) -> None:
+                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None, grows: bool = False) -> None:
         if copy_into_nonempty not in (MERGE, REPLACE, WHOLE_ONLY):
             raise OracleInputError(f"copy_into_nonempty must be merge, replace or whole_only, "
                                    f"got {copy_into_nonempty!r}")
@@ -206,6 +207,7 @@ class CellContext:
         self.shared_copies = shared_copies and config.unified
         self.copy_into_nonempty = copy_into_nonempty
         self.capacity = config.stream_cells if stream_cells is None else stream_cells  # cells of one store
+        self.grows = grows
         self.stores: list[list[Cell]] = [[] for _ in range(1 if config.unified else config.max_sequences)]
 
     # -- what is observable --
@@ -224,7 +226,13 @@ class CellContext:
         return max((cell.position for cell in self.cells_of(seq)), default=-1)
 
     def free(self, store: list[Cell]) -> int:
+        """The store's free cells (of those the context was asked for, when it grows: then below 0 past them)."""
         return self.capacity - len(store)
+
+    def _room(self, store: list[Cell], needed: int, freed: int, what: str) -> None:
+        """Refuse ``full`` unless ``needed`` cells fit in the store's free ones and ``freed`` (never, growing)."""
+        if not self.grows and needed > self.free(store) + freed:
+            raise ModelRefusal(FULL, f"{what} {needed} cells into a store with {self.free(store) + freed} free")
 
     # -- decoding --
 
@@ -289,8 +297,7 @@ class CellContext:
                 raise OracleInputError(f"position {positions[-1]} outside the model's {model.max_positions}")
         for index, store in enumerate(self.stores):
             needed = sum(1 for s in batch.sequences if self.store_of(s) is store)
-            if needed > self.free(store):
-                raise ModelRefusal(FULL, f"{needed} tokens for store {index} with {self.free(store)} free cells")
+            self._room(store, needed, 0, f"decoding store {index}'s")
 
     # -- sequence operations --
 
@@ -325,9 +332,7 @@ class CellContext:
         if not self.shared_copies:
             store = self.store_of(dst)
             freed = sum(1 for cell in self.cells_of(dst) if cell.sequences == {dst}) if replacing else 0
-            if len(copied) > self.free(store) + freed:
-                raise ModelRefusal(FULL, f"copying {len(copied)} cells into a store with "
-                                   f"{self.free(store) + freed} free")
+            self._room(store, len(copied), freed, "copying")
         if replacing:
             self.remove(dst, -1, -1)
         for cell in copied:
@@ -385,9 +390,7 @@ class CellContext:
         self._check_sequence(seq)
         store = self.store_of(seq)
         freed = sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
-        if len(saved.cells) > self.free(store) + freed:
-            raise ModelRefusal(FULL, f"loading {len(saved.cells)} cells into a store with "
-                               f"{self.free(store) + freed} free")
+        self._room(store, len(saved.cells), freed, "loading")
         self.remove(seq, -1, -1)
         store.extend(Cell(position, token, keys, values, {seq}) for position, token, keys, values in saved.cells)
 

@@ -39,11 +39,13 @@ from impl.errors import SequenceOperationRefused
 from impl.model import ModelContext
 from impl.model_conformance import (
     EndOnlyRemovalModelAdapter,
+    GrowingModelAdapter,
     LowPrecisionModelAdapter,
     ModelReferenceAdapter,
     PositionsFromZeroModelAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_growing_model_adapter,
     make_positions_from_zero_model_adapter,
     make_unbounded_shift_model_adapter,
 )
@@ -384,6 +386,10 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     "model-positions-from-zero": lambda: Declared("model-positions-from-zero", MODEL_ONLY,
                                                   make_positions_from_zero_model_adapter(), layer_caches=False,
                                                   model_policy=PositionsFromZeroModelAdapter.model_policy),
+    # no capacity limit: grows past the cells asked for, never full
+    "model-capacity-grows": lambda: Declared("model-capacity-grows", MODEL_ONLY - {"fixed_capacity"},
+                                             make_growing_model_adapter(), layer_caches=False,
+                                             model_policy=GrowingModelAdapter.model_policy),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -411,6 +417,10 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     # an empty sequence started at 1-3 is held from 0; positions that do not run on are numbered, not refused
     "model-positions-from-zero-undeclared": (lambda: Declared(
         "twin-positions-from-zero", MODEL_ONLY, make_positions_from_zero_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
+    # grows, but claims fixed_capacity of a fixed store: a batch past the room is accepted where full is claimed
+    "model-capacity-grows-claims-fixed": (lambda: Declared(
+        "twin-capacity-grows", MODEL_ONLY, make_growing_model_adapter(), layer_caches=False,
         model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
 }
 

@@ -808,6 +808,17 @@ MODEL_MUTANTS = (
              "                following[key] = int(self.positions[self.stream(key)].max()) + 1\n"),),
            "numbers a sequence's next token on from the largest position of its store (one count for a unified "
            "context), not of the sequence", "model", factory="make_positions_from_zero_adapter"),
+    # behind the reference with no capacity limit (capacity: grows, impl.conformance:make_growing_adapter)
+    Mutant("model_growth_loses_the_values", "model.py",
+           (("        self.values = widened(self.values, 2, 0)\n",
+             "        self.values = np.zeros_like(widened(self.values, 2, 0))\n"),),
+           "grows by allocating larger stores, but copies the held cells' keys and not their values", "model",
+           factory="make_growing_adapter"),
+    Mutant("model_growth_forgets_the_sequences", "model.py",
+           (("        self.members = widened(self.members, 1, False)\n",
+             "        self.members = np.zeros_like(widened(self.members, 1, False))\n"),),
+           "grows by allocating larger stores, but not the table of which sequences hold each cell: every cell held "
+           "is freed", "model", factory="make_growing_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 

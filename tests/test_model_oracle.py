@@ -522,3 +522,18 @@ def test_float64_and_mpmath_agree_through_the_operations() -> None:
         logits += [decode(ctx, seq, [7, 8]) for seq in (0, 1, 2)]
         results.append(np.vstack(logits))
     np.testing.assert_allclose(results[0], results[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_a_growing_context_is_never_full_and_a_fixed_one_is_past_its_cells(unified: bool) -> None:
+    config = MODEL_PRESETS["tiny"]
+    fixed = context(config, cells=4, sequences=2, unified=unified)
+    grown = context(config, cells=4, sequences=2, unified=unified, grows=True)
+    with pytest.raises(ModelRefusal) as refused:
+        decode(fixed, 0, TOKENS[:5])
+    assert refused.value.kind == "full" and fixed.pos_max(0) == -1
+    np.testing.assert_array_equal(decode(grown, 0, TOKENS[:5]), full_model(TOKENS[:5], config,
+                                                                           random_model_weights(config, 0)))
+    grown.copy(0, 1, -1, -1)
+    grown.load(1, grown.save(0))
+    assert grown.free(grown.store_of(0)) < 0 and (grown.pos_min(1), grown.pos_max(1)) == (0, 4)

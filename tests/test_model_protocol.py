@@ -37,7 +37,8 @@ def test_a_policy_is_read_as_declared() -> None:
     assert policy.described()["copy_per_sequence"] == "whole_only"
     assert policy.removal == "any" and ModelPolicy.of(adapter(model_policy={"removal": "end_only"})).removal == \
         "end_only"
-    assert policy.positions == "given"
+    assert policy.positions == "given" and policy.capacity == "fixed"
+    assert ModelPolicy.of(adapter(model_policy={"capacity": "grows"})).described()["capacity"] == "grows"
     assert ModelPolicy.of(adapter(model_policy={"positions": "from_zero"})).described()["positions"] == "from_zero"
 
 
@@ -45,6 +46,7 @@ def test_a_policy_is_read_as_declared() -> None:
     {"copy": "merge"}, {"contexts": "unified"}, {"contexts": []}, {"contexts": ["shared"]},
     {"shared_copies": "yes"}, {"copy_unified": "swap"}, {"negative_shift": "clamped"}, ["merge"],
     {"removal": "start_only"}, {"removal": True}, {"positions": "from_one"}, {"positions": None},
+    {"capacity": "unbounded"}, {"capacity": False},
 ])
 def test_a_policy_the_suite_cannot_judge_is_a_usage_error(given: Any) -> None:
     with pytest.raises(ModelPolicyError):

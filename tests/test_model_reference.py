@@ -254,6 +254,24 @@ def test_a_context_numbering_positions_ignores_the_batch_s_and_runs_each_sequenc
     assert (numbered.pos_min(1), numbered.pos_max(1)) == (0, 0)  # emptied, it starts again at 0
 
 
+@pytest.mark.parametrize("unified", [True, False])
+def test_a_growing_context_takes_past_its_cells_what_a_larger_one_takes(unified: bool) -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    grown = ModelContext(model, 4, 2, unified, grows=True, shared_copies=False)
+    large = ModelContext(model, 64, 2, unified, shared_copies=False)
+    for context in (grown, large):
+        context.decode([1, 2, 3], [0, 1, 2], [0] * 3, [True] * 3)
+        context.copy(0, 1, -1, -1)
+        context.load(1, context.save(0))
+        context.remove(0, 1, 2)
+    np.testing.assert_array_equal(grown.decode([4, 5, 6, 7, 8], [3, 4, 5, 6, 3], [0, 0, 0, 0, 1], [True] * 5),
+                                  large.decode([4, 5, 6, 7, 8], [3, 4, 5, 6, 3], [0, 0, 0, 0, 1], [True] * 5))
+    assert grown.capacity > 4 and [grown.pos_max(s) for s in (0, 1)] == [6, 3]
+    with pytest.raises(errors.ContextFull):
+        ModelContext(model, 4, 2, unified).decode([1] * 5, list(range(5)), [0] * 5, [True] * 5)
+
+
 def test_a_shift_past_max_positions_is_refused_before_anything_moves() -> None:
     config = MODEL_PRESETS["tiny"]  # 64 positions
     context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True)

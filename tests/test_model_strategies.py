@@ -78,6 +78,7 @@ class Watching(ModelReferenceAdapter):
         self.saved_from: dict[int, tuple[int, Any, int]] = {}  # a state's sequence, context, its changes then
         self.shifted: set[int] = set()
         self.changes: Counter[int] = Counter()  # calls that may change each context, by id
+        self.asked: dict[int, int] = {}  # the cells of each context's store when created, by id
 
     def _opened(self, p0: int, p1: int) -> None:
         self.seen["range open below -1 at its start"] += p0 < -1
@@ -87,7 +88,9 @@ class Watching(ModelReferenceAdapter):
         kind = "unified" if config.unified else "per_sequence"
         if kind not in self.model_policy["contexts"] or ModelLimits.of(self).context_problem(config):
             raise AssertionError(f"a {kind} context {config} outside the declaration")
-        return super().create_context(model, config)
+        context = super().create_context(model, config)
+        self.asked[id(context)] = context.capacity
+        return context
 
     def decode_batch(self, context: Any, batch: Any) -> Any:
         if self.model_limits.get("max_batch", 99) < len(batch.tokens):
@@ -110,6 +113,7 @@ class Watching(ModelReferenceAdapter):
             self.seen["full"] += 1
             raise
         self.seen["batch mixing sequences"] += len(set(batch.sequences)) > 1
+        self.seen["decoded past the cells asked for"] += context.capacity > self.asked.get(id(context), 1 << 30)
         self.seen["decode after a shift"] += bool(self.shifted & set(batch.sequences))
         self.shifted -= set(batch.sequences)
         return result
@@ -195,3 +199,10 @@ def test_where_the_engine_numbers_positions_every_empty_sequence_starts_at_0() -
     seen = watched_run(Watching(positions="from_zero"))
     assert seen["empty sequence started past 0"] == 0 and seen["positions not running on"] == 0, dict(seen)
     assert seen["malformed batch on a context holding cells"] >= 3 and seen["batch mixing sequences"] >= 3, dict(seen)
+
+
+@pytest.mark.slow
+def test_where_the_context_grows_batches_go_past_its_cells_and_none_is_full() -> None:
+    seen = watched_run(Watching(capacity="grows"))
+    assert seen["full"] == 0 and seen["decoded past the cells asked for"] >= 3, dict(seen)
+    assert watched_run(Watching())["decoded past the cells asked for"] == 0

@@ -80,6 +80,8 @@ DECLARATIONS: dict[str, Declaration] = {
     # an engine taking the caller's positions can be handed too, not the other way round
     "model_policy.positions": Declaration(lambda a: ModelPolicy.of(a).positions,
                                           lambda recorded, here: recorded in (here, "from_zero")),
+    # room judged against context_cells, or none: the chains that fill a store draw otherwise
+    "model_policy.capacity": Declaration(lambda a: ModelPolicy.of(a).capacity),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),

@@ -40,6 +40,7 @@ from .base import ConformanceMachine
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
 MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
 POSITIONS = "model_policy.positions"  # every program's starts and malformations are drawn under it
+CAPACITY = "model_policy.capacity"  # and its fills and batches past the room
 RANGES = ("all", "to the end", "from the start", "in the middle")
 OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
 INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
@@ -70,7 +71,7 @@ class ModelMachine(ConformanceMachine):
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    @initialize(data=st.data(), relies_on=[POSITIONS])
+    @initialize(data=st.data(), relies_on=[POSITIONS, CAPACITY])
     def build_model_and_context(self, data: Draws) -> None:
         """A tiny model of a declared RoPE pairing, and a context of a declared kind."""
         self.config = data.draw(g.model_configs(self.capabilities, self.model_limits), label="model")
@@ -100,12 +101,15 @@ class ModelMachine(ConformanceMachine):
         config = self.context_config
         self.context = self.must("create a context", lambda: self.adapter.create_context(self.model, config))
         cells = self.must("the context's cells", lambda: self.adapter.context_cells(self.context))
-        if not isinstance(cells, int) or cells < config.stream_cells:
-            raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least "
-                                 f"{config.stream_cells} cells per store", kind="too few cells", check="cells")
+        # a growing context reports the cells it has now, and they bound nothing (docs/spec.md §15.2)
+        least = 0 if self.grows else config.stream_cells
+        if not isinstance(cells, int) or isinstance(cells, bool) or cells < least:
+            raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least {least} cells "
+                                 "per store", kind="too few cells", check="cells")
         copy = self.policy.copy_into_nonempty(config.unified)
         self.oracles = [CellContext(model, config, shared_copies=self.policy.shared_copies, copy_into_nonempty=copy,
-                                    stream_cells=cells) for model in self.oracle_models]
+                                    stream_cells=config.stream_cells if self.grows else cells, grows=self.grows)
+                        for model in self.oracle_models]
         # a shift or divide since the last decode: an engine that moves keys lazily (llama.cpp's K-shift, applied
         # at the next decode) still has it to apply
         self.move_pending = False
@@ -113,6 +117,11 @@ class ModelMachine(ConformanceMachine):
     @property
     def sequences(self) -> int:
         return self.context_config.max_sequences
+
+    @property
+    def grows(self) -> bool:
+        """No capacity limit (``capacity: grows``): the cells a context was asked for are only what it starts with."""
+        return self.policy.capacity == "grows"
 
     @property
     def whole_copies_only(self) -> bool:
@@ -270,7 +279,7 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data())
     def batch_past_the_room(self, data: Draws) -> None:
         """More tokens for one sequence's store than it has free cells: full (judged with fixed_capacity),
-        changing nothing."""
+        changing nothing; declared capacity grows, past the cells the context was asked for, and it must succeed."""
         self._past_the_room(data, self._a_sequence(data))
 
     def _past_the_room(self, data: Draws, seq: int) -> None:
@@ -280,14 +289,17 @@ class ModelMachine(ConformanceMachine):
         if oracle.free(oracle.store_of(seq)) + 1 > self.max_batch:
             self._fill(data, seq, self.max_batch - 2, self._sharing_the_store(seq))
             oracle = self.oracles[0]
-        free = oracle.free(oracle.store_of(seq))
+        free = oracle.free(oracle.store_of(seq))  # growing: below 0 once past the cells asked for
         start = self._next_position(seq, data)
-        count = free + data.draw(st.integers(1, 2), label="past the room by")
+        count = max(free, 0) + data.draw(st.integers(1, 2), label="past the room by")
         if count > self.max_batch or start + count > POSITION_CEILING:
             return  # not drawable within max_batch and the positions: nothing asked
         tokens = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
                            label="tokens")
-        self.exercised("room exceeded with a move pending" if self.move_pending else "room exceeded")
+        if self.grows:
+            self.exercised("grown past the cells asked for")
+        else:
+            self.exercised("room exceeded with a move pending" if self.move_pending else "room exceeded")
         self._decode(f"{count} tokens into sequence {seq} with {free} free cells",
                      ModelBatch.of_sequence(seq, tokens, start, all_logits=False))
 
@@ -317,7 +329,8 @@ class ModelMachine(ConformanceMachine):
         """``seq`` prompted first if it holds fewer than ``at_least`` cells (as far as its store has room)."""
         oracle = self.oracles[0]
         missing = at_least - len(oracle.cells_of(seq))
-        room = min(oracle.free(oracle.store_of(seq)), POSITION_CEILING - 1 - oracle.pos_max(seq) - 3)
+        free = POSITION_CEILING if self.grows else oracle.free(oracle.store_of(seq))
+        room = min(free, POSITION_CEILING - 1 - oracle.pos_max(seq) - 3)
         if missing > 0 and room > 0:
             count = min(max(missing, data.draw(st.integers(1, MAX_PROMPT), label="tokens")), room)
             self._decode(f"prompt of sequence {seq}", self._batch(data, [seq], [count], mixed=False))
@@ -512,7 +525,10 @@ class ModelMachine(ConformanceMachine):
                                           lambda o: o.load(seq, next(states)),
                                           lambda: self.adapter.load_sequence(self.context, seq, state), seq=seq,
                                           saved=index)
-        if count > free + own:
+        if self.grows:
+            if count > free and judged.to_judge:
+                self.exercised("load past the cells asked for")
+        elif count > free + own:
             self.exercised("load refused for room")
         elif count > free:
             self.exercised("load fits by freeing its own cells")

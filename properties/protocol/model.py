@@ -65,6 +65,8 @@ REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges tha
 # a batch's positions: given by the caller (an empty sequence may start anywhere); or numbered by the engine itself,
 # an empty sequence from 0 and each next token at the sequence's largest position + 1 (llama.cpp with batch.pos NULL)
 POSITIONS = ("given", "from_zero")
+# a store of context_cells cells, past which a batch, duplicating copy or load is full; or no capacity limit
+CAPACITIES = ("fixed", "grows")
 
 
 class ModelPolicyError(TypeError):
@@ -96,6 +98,10 @@ class ModelPolicy:
       start at any position) or ``"from_zero"`` (the engine takes no position from the caller: an empty sequence
       starts at 0, each next token at the sequence's largest position + 1). ``from_zero``: the suite starts every
       empty sequence at 0 and draws no batch whose positions do not run on (the engine cannot be handed one).
+    - ``capacity``: ``"fixed"`` (a store has ``context_cells`` cells; a batch, a duplicating copy or a load past
+      its free cells is ``full``, judged where ``fixed_capacity`` is declared) or ``"grows"`` (no capacity limit:
+      none of them is ever full, each must succeed, past the cells the context was asked for too;
+      ``context_cells`` reports the cells it has now, an int >= 0, and bounds nothing).
     """
 
     contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
@@ -106,6 +112,7 @@ class ModelPolicy:
     refuses_shift: bool = False
     removal: str = "any"
     positions: str = "given"
+    capacity: str = "fixed"
 
     @classmethod
     def of(cls, adapter: Any) -> ModelPolicy:
@@ -127,7 +134,7 @@ class ModelPolicy:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
         for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
                               ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS),
-                              ("positions", POSITIONS)):
+                              ("positions", POSITIONS), ("capacity", CAPACITIES)):
             if name in given and given[name] not in allowed:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
         return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
@@ -141,7 +148,7 @@ class ModelPolicy:
         return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
                 "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
                 "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal,
-                "positions": self.positions}
+                "positions": self.positions, "capacity": self.capacity}
 
 
 @dataclass(frozen=True)
@@ -320,6 +327,7 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS", "REMOVALS",
-           "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
-           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
+__all__ = ["CAPACITIES", "CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS",
+           "REMOVALS", "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch",
+           "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage",
+           "model_methods"]
