@@ -185,7 +185,7 @@ class LlamaCppAdapter:
     dtype = "float32"
     capabilities = frozenset({"whole_model", "gqa", "rope_interleaved", "rope_half_split", "fixed_capacity",
                               "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
-                              "validates_model_batch"})
+                              "validates_model_batch", "multi_sequence_tokens"})
     # Head widths: even (RoPE), 4 at least; quantized caches store blocks of 32 along a row.
     model_limits: ClassVar[dict[str, int]] = {"min_head_width": 4, "max_batch": MAX_BATCH, "min_vocab": 3}
 
@@ -227,15 +227,17 @@ class LlamaCppAdapter:
     def decode_batch(self, context: LlamaContext, batch: ModelBatch) -> np.ndarray:
         lib = _Library.get()
         count = len(batch.tokens)
+        # a token may name several sequences (multi_sequence_tokens): n_seq_id of them, one cell they all hold
         rows = [(_int32(t, f"token {i}", MalformedBatch), _int32(p, f"position {i}", MalformedBatch),
-                 _int32(s, f"sequence {i}", MalformedBatch))
-                for i, (t, p, s) in enumerate(zip(batch.tokens, batch.positions, batch.sequences))]
-        native = lib.llama_batch_init(max(count, 1), 0, 1)
+                 [_int32(s, f"sequence {i}", MalformedBatch) for s in batch.sequences_of(i)])
+                for i, (t, p) in enumerate(zip(batch.tokens, batch.positions))]
+        native = lib.llama_batch_init(max(count, 1), 0, max([len(r[2]) for r in rows] + [1]))
         try:
             native.n_tokens = count
-            for i, (token, position, sequence) in enumerate(rows):
-                native.token[i], native.pos[i], native.n_seq_id[i] = token, position, 1
-                native.seq_id[i][0] = sequence
+            for i, (token, position, sequences) in enumerate(rows):
+                native.token[i], native.pos[i], native.n_seq_id[i] = token, position, len(sequences)
+                for j, sequence in enumerate(sequences):
+                    native.seq_id[i][j] = sequence
                 native.logits[i] = 1 if batch.logits[i] else 0
             status = lib.llama_decode(context.pointer, native)
         finally:

@@ -233,8 +233,9 @@ class ModelContext:
     # -- decoding --
 
     def decode(self, tokens: Any, positions: Any, sequences: Any, logits: Any) -> np.ndarray:
-        """Decode a batch into its sequences' cells, all or none; the wanted logits ``[n, V]`` in batch order."""
-        tokens, positions, sequences = self._checked_batch(tokens, positions, sequences)
+        """Decode a batch into its sequences' cells, all or none; the wanted logits ``[n, V]`` in batch order. A token
+        may name several sequences (a tuple of ids): one cell they all hold, seeing the cells they all hold."""
+        tokens, positions, sequences, named = self._checked_batch(tokens, positions, sequences)
         wanted = np.array([bool(w) for w in logits], dtype=bool)
         slots = np.empty(len(tokens), dtype=np.int64)
         streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
@@ -258,8 +259,9 @@ class ModelContext:
                 keys = np.concatenate([self.keys[stream, layer], new_keys[layer, mine]]).astype(model.dtype)
                 values = np.concatenate([self.values[stream, layer], new_values[layer, mine]]).astype(model.dtype)
                 cell_positions = np.concatenate([self.positions[stream], positions[mine]])
-                held = self.members[stream][:, sequences[mine]].T  # [m, C]
-                batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]
+                # a token sees a cell (held, or of the batch) that every one of its sequences holds
+                held = ~(named[mine][:, None, :] & ~self.members[stream][None, :, :]).any(axis=2)  # [m, C]
+                batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]
                 visible = np.concatenate([held, batch], axis=1) & (cell_positions[None, :] <= positions[mine, None])
                 if s.window is not None:
                     visible &= positions[mine, None] - cell_positions[None, :] < s.window
@@ -269,8 +271,7 @@ class ModelContext:
         for i, (stream, slot) in enumerate(zip(streams, slots)):  # commit: nothing above wrote the context
             self.keys[stream, :, slot], self.values[stream, :, slot] = new_keys[:, i], new_values[:, i]
             self.positions[stream, slot], self.tokens[stream, slot] = positions[i], tokens[i]
-            self.members[stream, slot] = False
-            self.members[stream, slot, sequences[i]] = True
+            self.members[stream, slot] = named[i]
         return result
 
     def _as_stored(self, rows: np.ndarray) -> np.ndarray:
@@ -279,22 +280,33 @@ class ModelContext:
         return rows.astype(self.kv_dtype)
 
     def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
+        """The batch as arrays: token ids, positions, each token's first sequence ``[n]``, and the sequences each
+        token names ``[n, max_sequences]``."""
         s = self.model.shape
         tokens, sequences = list(tokens), list(sequences)
         positions = self._numbered(sequences) if self.numbers_positions else list(positions)
         if not tokens:
             raise MalformedBatch("the batch is empty")
+        named = np.zeros((len(tokens), self.sequences), dtype=bool)
         for i, (token, position, seq) in enumerate(zip(tokens, positions, sequences)):
             if not _is_int(token) or not 0 <= token < s.vocab:
                 raise MalformedBatch(f"token {i} is {token!r}, not an id in [0, {s.vocab})")
-            if not _is_int(seq) or not 0 <= seq < self.sequences:
-                raise MalformedBatch(f"token {i}'s sequence {seq!r} is not one of 0..{self.sequences - 1}")
+            for one in (seq if isinstance(seq, tuple) else (seq,)):
+                if not _is_int(one) or not 0 <= one < self.sequences:
+                    raise MalformedBatch(f"token {i}'s sequence {one!r} is not one of 0..{self.sequences - 1}")
+                if named[i, one]:
+                    raise MalformedBatch(f"token {i} names sequence {one} twice")
+                named[i, one] = True
+            if not named[i].any():
+                raise MalformedBatch(f"token {i} names no sequence")
+            if len({self.stream(int(one)) for one in np.flatnonzero(named[i])}) > 1:
+                raise MalformedBatch(f"token {i}'s sequences hold their cells in different stores")
             if not _is_int(position) or not 0 <= position < s.max_positions:
                 raise MalformedBatch(f"token {i}'s position {position!r} is not in [0, {s.max_positions})")
         as_arrays = (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
-                     np.array(sequences, dtype=np.int64))
-        for seq in np.unique(as_arrays[2]):
-            mine = as_arrays[1][as_arrays[2] == seq]
+                     named.argmax(axis=1).astype(np.int64), named)
+        for seq in np.flatnonzero(named.any(axis=0)):
+            mine = as_arrays[1][named[:, seq]]
             last = self.pos_max(int(seq))
             start = mine[0] if last < 0 else last + 1
             if not np.array_equal(mine, np.arange(start, start + len(mine))):
@@ -308,14 +320,16 @@ class ModelContext:
         following: dict[int, int] = {}
         numbered: list[Any] = []
         for seq in sequences:
-            if not (_is_int(seq) and 0 <= seq < self.sequences):
+            named = seq if isinstance(seq, tuple) else (seq,)
+            if not named or not all(_is_int(one) and 0 <= one < self.sequences for one in named):
                 numbered.append(0)  # refused below, as an unknown sequence
                 continue
-            key = int(seq)
+            key = int(named[0])  # a token of several sequences: the next of its first (they hold the same cells)
             if key not in following:
                 following[key] = self.pos_max(key) + 1
             numbered.append(following[key])
-            following[key] += 1
+            for one in named:
+                following[int(one)] = numbered[-1] + 1
         return numbered
 
     # -- sequence operations --

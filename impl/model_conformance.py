@@ -25,7 +25,8 @@ MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
 
 # What the model methods add to an adapter's capabilities (its model's own conventions are declared beside them).
 MODEL_CAPABILITIES = frozenset({"whole_model", "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide",
-                                "seq_state", "validates_model_batch", "validates_sequence_ops"})
+                                "seq_state", "validates_model_batch", "validates_sequence_ops",
+                                "multi_sequence_tokens"})
 
 
 class ModelReferenceMethods:

@@ -664,7 +664,7 @@ MODEL_MUTANTS = (
              '                raise ContextFull(len(mine), len(free), "decoding the batch")'),),
            "a batch without room writes the tokens that fit, then raises full", "model"),
     Mutant("model_batch_sees_other_sequences", "model.py",
-           (("batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]",
+           (("batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]",
              "batch = np.ones((len(mine), len(mine)), dtype=bool)  # [m, m]"),),
            "a token of a batch mixing sequences sees the other sequences' tokens of the batch", "model"),
     Mutant("model_remove_p1_inclusive", "model.py",
@@ -808,6 +808,17 @@ MODEL_MUTANTS = (
              "                following[key] = int(self.positions[self.stream(key)].max()) + 1\n"),),
            "numbers a sequence's next token on from the largest position of its store (one count for a unified "
            "context), not of the sequence", "model", factory="make_positions_from_zero_adapter"),
+    # tokens naming several sequences (multi_sequence_tokens), behind the default reference
+    Mutant("model_shared_token_joins_its_first_sequence", "model.py",
+           (("            self.members[stream, slot] = named[i]\n",
+             "            self.members[stream, slot] = False\n"
+             "            self.members[stream, slot, sequences[i]] = True\n"),),
+           "a token naming several sequences becomes a cell of its first sequence alone (n_seq_id read as 1)", "model"),
+    Mutant("model_shared_token_seen_by_the_same_sequences_only", "model.py",
+           (("batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]",
+             "batch = (named[mine][:, None, :] == named[mine][None, :, :]).all(axis=2)  # [m, m]"),),
+           "a token of the batch sees the batch's earlier tokens only if they name exactly its sequences: a "
+           "sequence's own token after a shared prompt in one batch misses the prompt", "model"),
     # behind the reference with no capacity limit (capacity: grows, impl.conformance:make_growing_adapter)
     Mutant("model_growth_loses_the_values", "model.py",
            (("        self.values = widened(self.values, 2, 0)\n",

@@ -98,6 +98,8 @@ def test_a_block_format_cache_needs_head_widths_of_whole_blocks() -> None:
 def test_sequence_operations_need_whole_model() -> None:
     problems = declaration_problems(adapter(capabilities=frozenset({"seq_copy", "seq_shift"})))
     assert problems == ["declares seq_copy, seq_shift without whole_model, the contexts they work on"]
+    assert declaration_problems(adapter(capabilities=frozenset({"multi_sequence_tokens"}))) == [
+        "declares multi_sequence_tokens without whole_model, the contexts they work on"]
 
 
 def test_a_cache_is_the_dtype_or_narrower_than_it() -> None:

@@ -272,6 +272,20 @@ def test_a_growing_context_takes_past_its_cells_what_a_larger_one_takes(unified:
         ModelContext(model, 4, 2, unified).decode([1] * 5, list(range(5)), [0] * 5, [True] * 5)
 
 
+def test_a_token_of_several_sequences_is_one_cell_of_each_as_a_shared_copy_makes_it() -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    shared, copied = ModelContext(model, 16, 3, True), ModelContext(model, 16, 3, True)
+    logits = shared.decode([1, 2, 3, 4], [0, 1, 2, 2], [(0, 2), (0, 2), 2, 0], [True] * 4)
+    np.testing.assert_array_equal(logits[:2], copied.decode([1, 2], [0, 1], [0, 0], [True] * 2))
+    copied.copy(0, 2, -1, -1)
+    np.testing.assert_array_equal(logits[2:], copied.decode([3, 4], [2, 2], [2, 0], [True] * 2))
+    assert int(shared.members.any(axis=2).sum()) == 4 and [shared.pos_max(s) for s in range(3)] == [2, -1, 2]
+    for bad in ([(0, 0)], [()], [(0, 3)]):
+        with pytest.raises(errors.MalformedBatch):
+            shared.decode([1], [3], bad, [True])
+
+
 def test_a_shift_past_max_positions_is_refused_before_anything_moves() -> None:
     config = MODEL_PRESETS["tiny"]  # 64 positions
     context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True)

@@ -96,14 +96,16 @@ class Watching(ModelReferenceAdapter):
         if self.model_limits.get("max_batch", 99) < len(batch.tokens):
             raise AssertionError(f"a batch of {len(batch.tokens)} tokens past max_batch")
         holding = any(context.pos_max(s) >= 0 for s in range(context.sequences))
-        if all(0 <= s < context.sequences for s in batch.sequences):  # else malformed by its sequence first
-            for seq in set(batch.sequences):
-                mine = [p for p, s in zip(batch.positions, batch.sequences) if s == seq]
+        named = [batch.sequences_of(i) for i in range(len(batch.tokens))]
+        if all(0 <= s < context.sequences for n in named for s in n):  # else malformed by its sequence first
+            for seq in {s for n in named for s in n}:
+                mine = [p for p, n in zip(batch.positions, named) if seq in n]
                 start = mine[0] if context.pos_max(seq) < 0 else context.pos_max(seq) + 1
                 self.seen["empty sequence started past 0"] += context.pos_max(seq) < 0 and start != 0
                 self.seen["positions not running on"] += mine != list(range(start, start + len(mine)))
         self.changes[id(context)] += 1
         self.seen["numpy ids"] += all(isinstance(t, np.integer) for t in batch.tokens)
+        self.seen["token of several sequences"] += batch.several_sequences
         try:
             result = super().decode_batch(context, batch)
         except errors.MalformedBatch:
@@ -179,7 +181,7 @@ def test_programs_reach_every_situation() -> None:
     for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
                       "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
-                      "empty sequence started past 0", "positions not running on",
+                      "empty sequence started past 0", "positions not running on", "token of several sequences",
                       "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 
@@ -190,6 +192,7 @@ def test_programs_stay_within_a_narrow_declaration() -> None:
     adapter.model_limits = LIMITS
     seen = watched_run(adapter)
     assert seen["range copy"] == 0 and seen["copy into a non-empty sequence"] >= 1, dict(seen)
+    assert seen["token of several sequences"] == 0, dict(seen)  # per-sequence contexts: never drawn
 
 
 @pytest.mark.slow

@@ -246,6 +246,39 @@ class ModelMachine(ConformanceMachine):
             self.exercised("interleaved in a per-sequence context")
         self._decode(f"a batch of sequences {chosen}", self._batch(data, chosen, counts, mixed=interleaved))
 
+    @rule(data=st.data(), requires=[Capability.MULTI_SEQUENCE_TOKENS],
+          when=lambda self: self.context_config.unified and self.sequences > 1)
+    def shared_prompt(self, data: Draws) -> None:
+        """A prompt decoded once for two or three empty sequences (every context cleared first if fewer are
+        empty): each token one cell all of them hold (llama.cpp's ``n_seq_id > 1``), then, in the same batch or
+        not at all, a token of each of its own. Each sees the shared cells; later operations on one leave the
+        others holding them, as after a shared copy."""
+        empty = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) < 0]
+        if len(empty) < 2:
+            self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
+            empty = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) < 0]
+            if len(empty) < 2:  # the clear raised: nothing to share
+                return
+        sharing = tuple(sorted(data.draw(st.lists(st.sampled_from(empty), min_size=2, max_size=len(empty),
+                                                  unique=True), label="sharing")))
+        own = data.draw(st.booleans(), label="own tokens after")
+        most = max(1, min(MAX_PROMPT, self.max_batch - (len(sharing) if own else 0)))
+        count = data.draw(st.integers(1, most), label="tokens")
+        start = self._next_position(sharing[0], data)
+        shared = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
+                           label="shared tokens")
+        entries: list[tuple[int, int, Any]] = [(t, start + i, sharing) for i, t in enumerate(shared)]
+        if own and count + len(sharing) <= self.max_batch:
+            after = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=len(sharing),
+                                       max_size=len(sharing)), label="own tokens")
+            entries += [(t, start + count, seq) for t, seq in zip(after, sharing)]
+        wanted = data.draw(st.lists(st.booleans(), min_size=len(entries), max_size=len(entries)), label="logits of")
+        wanted[-1] = True
+        self.exercised("prompt shared by several sequences")
+        self._decode(f"a prompt shared by sequences {list(sharing)}",
+                     ModelBatch(tuple(t for t, _, _ in entries), tuple(p for _, p, _ in entries),
+                                tuple(s for _, _, s in entries), tuple(wanted)))
+
     @rule(data=st.data())
     def malformed_batch(self, data: Draws) -> None:
         """A batch with a token outside the vocabulary, positions that do not run on one by one, or an unknown
