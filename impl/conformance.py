@@ -427,6 +427,19 @@ def make_growing_adapter() -> GrowingAdapter:
     return GrowingAdapter()
 
 
+class MicroBatchAdapter(ReferenceAdapter):
+    """The default reference whose whole model computes a batch in parts of 3 tokens (``model_limits``
+    ``micro_batch: 3``; the model alone: ``impl.model_conformance:make_micro_batch_model_adapter``); its model
+    mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[micro-batch 3]"
+    model_limits: ClassVar[dict[str, int]] = {"micro_batch": 3}
+
+
+def make_micro_batch_adapter() -> MicroBatchAdapter:
+    return MicroBatchAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

@@ -162,7 +162,7 @@ class ModelContext:
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
                  end_only_removal: bool = False, bounded_shifts: bool = True, numbers_positions: bool = False,
-                 grows: bool = False) -> None:
+                 grows: bool = False, micro_batch: int | None = None) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -182,6 +182,9 @@ class ModelContext:
         # from 0 (llama.cpp's decode of a batch whose pos is NULL)
         self.numbers_positions = numbers_positions
         self.grows = grows  # no capacity limit: a store short of free cells is reallocated larger, never full
+        # a longer batch is computed in parts of this many tokens, each committed before the next (llama.cpp's
+        # n_ubatch); a part without room undoes the parts before it
+        self.micro_batch = micro_batch
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -237,6 +240,32 @@ class ModelContext:
         may name several sequences (a tuple of ids): one cell they all hold, seeing the cells they all hold."""
         tokens, positions, sequences, named = self._checked_batch(tokens, positions, sequences)
         wanted = np.array([bool(w) for w in logits], dtype=bool)
+        step = self.micro_batch or len(tokens)
+        if step >= len(tokens):
+            return self._decode_checked(tokens, positions, sequences, named, wanted)
+        kept = self._arrays()
+        outputs = []
+        try:
+            for start in range(0, len(tokens), step):
+                part = slice(start, start + step)
+                outputs.append(self._decode_checked(tokens[part], positions[part], sequences[part], named[part],
+                                                    wanted[part]))
+        except ContextFull:
+            self._restore(kept)
+            raise
+        return np.concatenate(outputs)
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """Copies of everything a decode writes (a growing context's larger arrays included)."""
+        return tuple(array.copy() for array in (self.keys, self.values, self.positions, self.tokens, self.members))
+
+    def _restore(self, kept: tuple[np.ndarray, ...]) -> None:
+        self.keys, self.values, self.positions, self.tokens, self.members = kept
+        self.capacity = self.positions.shape[1]
+
+    def _decode_checked(self, tokens: np.ndarray, positions: np.ndarray, sequences: np.ndarray, named: np.ndarray,
+                        wanted: np.ndarray) -> np.ndarray:
+        """Decode a checked batch (or one part of it) into its sequences' cells; the wanted logits."""
         slots = np.empty(len(tokens), dtype=np.int64)
         streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
         for stream in np.unique(streams):

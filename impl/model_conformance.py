@@ -48,7 +48,8 @@ class ModelReferenceMethods:
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
                             bounded_shifts=getattr(self, "bounded_shifts", True),
                             numbers_positions=self.model_policy.get("positions", "given") == "from_zero",
-                            grows=self.model_policy.get("capacity", "fixed") == "grows")
+                            grows=self.model_policy.get("capacity", "fixed") == "grows",
+                            micro_batch=(getattr(self, "model_limits", None) or {}).get("micro_batch"))
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -183,6 +184,19 @@ class GrowingModelAdapter(ModelReferenceAdapter):
 
 def make_growing_model_adapter() -> GrowingModelAdapter:
     return GrowingModelAdapter()
+
+
+class MicroBatchModelAdapter(ModelReferenceAdapter):
+    """The reference computing a batch longer than 3 tokens in parts of 3, each committed before the next, and
+    undoing them if a later part has no room (llama.cpp with ``n_ubatch`` 3); it declares ``model_limits``
+    ``micro_batch: 3``."""
+
+    name = f"{ModelReferenceAdapter.name}[micro-batch 3]"
+    model_limits: ClassVar[dict[str, int]] = {"micro_batch": 3}
+
+
+def make_micro_batch_model_adapter() -> MicroBatchModelAdapter:
+    return MicroBatchModelAdapter()
 
 
 class UnboundedShiftModelAdapter(ModelReferenceAdapter):

@@ -46,6 +46,7 @@ from impl.model_conformance import (
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
     make_growing_model_adapter,
+    make_micro_batch_model_adapter,
     make_positions_from_zero_model_adapter,
     make_unbounded_shift_model_adapter,
 )
@@ -399,6 +400,10 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     # takes one sequence per token, and does not declare multi_sequence_tokens
     "model-one-sequence-per-token": lambda: Declared("model-one-sequence-per-token",
                                                      REFERENCE - {"multi_sequence_tokens"}, FirstSequenceOnly()),
+    # computes a batch in parts of 3 tokens, all or nothing (llama.cpp with n_ubatch 3); no twin: the declaration
+    # only makes longer batches drawn, and a correct engine passes whatever micro-batch it declares
+    "model-micro-batch-3": lambda: Declared("model-micro-batch-3", MODEL_ONLY, make_micro_batch_model_adapter(),
+                                            layer_caches=False, model_limits={"micro_batch": 3}),
     # no capacity limit: grows past the cells asked for, never full
     "model-capacity-grows": lambda: Declared("model-capacity-grows", MODEL_ONLY - {"fixed_capacity"},
                                              make_growing_model_adapter(), layer_caches=False,

@@ -819,6 +819,16 @@ MODEL_MUTANTS = (
              "batch = (named[mine][:, None, :] == named[mine][None, :, :]).all(axis=2)  # [m, m]"),),
            "a token of the batch sees the batch's earlier tokens only if they name exactly its sequences: a "
            "sequence's own token after a shared prompt in one batch misses the prompt", "model"),
+    # behind the reference computing batches in parts of 3 (model_limits micro_batch 3,
+    # impl.conformance:make_micro_batch_adapter)
+    Mutant("model_micro_batch_failure_keeps_earlier_parts", "model.py",
+           (("        except ContextFull:\n            self._restore(kept)\n            raise\n",
+             "        except ContextFull:\n            raise\n"),),
+           "a part of a batch without room raises full, but the parts before it stay in the context", "model",
+           factory="make_micro_batch_adapter"),
+    Mutant("model_micro_batch_logits_in_reverse_parts", "model.py",
+           (("        return np.concatenate(outputs)\n", "        return np.concatenate(outputs[::-1])\n"),),
+           "returns the logits of a batch's parts last part first", "model", factory="make_micro_batch_adapter"),
     # behind the reference with no capacity limit (capacity: grows, impl.conformance:make_growing_adapter)
     Mutant("model_growth_loses_the_values", "model.py",
            (("        self.values = widened(self.values, 2, 0)\n",

@@ -60,7 +60,9 @@ def test_limits_bound_models_and_contexts() -> None:
     assert "vocab 16 > max_vocab 8" in limits.model_problem(ModelConfig(head_width=32))
     assert limits.model_problem(ModelConfig(vocab=8, head_width=64)) is None
     assert limits.context_problem(ContextConfig(16, 3)) and limits.context_problem(ContextConfig(16, 2)) is None
-    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}, {"model_width_divisible_by_heads": 1}):
+    assert ModelLimits.of(adapter(model_limits={"micro_batch": 4})).micro_batch == 4
+    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}, {"model_width_divisible_by_heads": 1},
+                {"micro_batch": 5}, {"micro_batch": 0}, {"micro_batch": 3, "max_batch": 3}):
         assert declaration_problems(adapter(model_limits=bad))
     divisible = ModelLimits.of(adapter(model_limits={"model_width_divisible_by_heads": True}))
     assert "not a multiple of 2 heads" in divisible.model_problem(ModelConfig(model_width=5, heads=2, kv_heads=1))

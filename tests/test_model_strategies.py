@@ -88,6 +88,7 @@ class Watching(ModelReferenceAdapter):
         kind = "unified" if config.unified else "per_sequence"
         if kind not in self.model_policy["contexts"] or ModelLimits.of(self).context_problem(config):
             raise AssertionError(f"a {kind} context {config} outside the declaration")
+        self.seen["context of fewer than 10 cells"] += config.cells < 10
         context = super().create_context(model, config)
         self.asked[id(context)] = context.capacity
         return context
@@ -106,6 +107,7 @@ class Watching(ModelReferenceAdapter):
         self.changes[id(context)] += 1
         self.seen["numpy ids"] += all(isinstance(t, np.integer) for t in batch.tokens)
         self.seen["token of several sequences"] += batch.several_sequences
+        self.seen["batch of more than 4 tokens"] += len(batch.tokens) > 4
         try:
             result = super().decode_batch(context, batch)
         except errors.MalformedBatch:
@@ -209,3 +211,11 @@ def test_where_the_context_grows_batches_go_past_its_cells_and_none_is_full() ->
     seen = watched_run(Watching(capacity="grows"))
     assert seen["full"] == 0 and seen["decoded past the cells asked for"] >= 3, dict(seen)
     assert watched_run(Watching())["decoded past the cells asked for"] == 0
+
+
+@pytest.mark.slow
+def test_a_declared_micro_batch_is_split_by_the_batches_drawn_into_contexts_that_hold_them() -> None:
+    adapter = Watching()
+    adapter.model_limits = {"micro_batch": 4}
+    seen = watched_run(adapter)
+    assert seen["batch of more than 4 tokens"] >= 20 and seen["context of fewer than 10 cells"] == 0, dict(seen)

@@ -279,6 +279,25 @@ class ModelMachine(ConformanceMachine):
                      ModelBatch(tuple(t for t, _, _ in entries), tuple(p for _, p, _ in entries),
                                 tuple(s for _, _, s in entries), tuple(wanted)))
 
+    @rule(data=st.data(), when=lambda self: self.model_limits.micro_batch is not None)
+    def batch_across_micro_batches(self, data: Draws) -> None:
+        """A batch longer than the declared micro_batch u (u + 1 to 2u + 1 tokens, of one sequence or several,
+        in order or interleaved), which the engine computes in parts: each part sees the parts before it, the
+        logits come back in batch order, and a part without room undoes the parts before it (all or nothing)."""
+        micro = self.model_limits.micro_batch or 1
+        total = data.draw(st.integers(micro + 1, max(micro + 1, min(2 * micro + 1, self.max_batch))), label="tokens")
+        chosen = data.draw(st.lists(st.integers(0, self.sequences - 1), min_size=1,
+                                    max_size=min(self.sequences, total), unique=True), label="sequences")
+        counts = [total // len(chosen) + (i < total % len(chosen)) for i in range(len(chosen))]
+        batch = self._batch(data, chosen, counts, mixed=data.draw(st.booleans(), label="interleaved"))
+        if len(batch.tokens) > micro:
+            oracle = self.oracles[0]
+            room = min(oracle.free(oracle.store_of(seq)) for seq in chosen)
+            self.exercised("batch split into micro-batches" if len(batch.tokens) <= room or self.grows
+                           else "batch split into micro-batches, past the room")
+        self._decode(f"a batch of {len(batch.tokens)} tokens of sequences {chosen}, past the micro-batch of {micro}",
+                     batch)
+
     @rule(data=st.data())
     def malformed_batch(self, data: Draws) -> None:
         """A batch with a token outside the vocabulary, positions that do not run on one by one, or an unknown
@@ -331,6 +350,8 @@ class ModelMachine(ConformanceMachine):
                            label="tokens")
         if self.grows:
             self.exercised("grown past the cells asked for")
+        elif self.model_limits.micro_batch is not None and free >= self.model_limits.micro_batch:
+            self.exercised("room exceeded after a micro-batch that fits")
         else:
             self.exercised("room exceeded with a move pending" if self.move_pending else "room exceeded")
         self._decode(f"{count} tokens into sequence {seq} with {free} free cells",

@@ -61,6 +61,8 @@ COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: kee
 # whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
 FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
+# the suite's batches hold at most 8 tokens: a micro-batch of at most 4 is split at least once by the longest
+MAX_MICRO_BATCH = 4
 REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
 # a batch's positions: given by the caller (an empty sequence may start anywhere); or numbered by the engine itself,
 # an empty sequence from 0 and each next token at the sequence's largest position + 1 (llama.cpp with batch.pos NULL)
@@ -168,6 +170,9 @@ class ModelLimits:
     max_cells: int | None = None
     max_sequences: int | None = None
     max_batch: int | None = None  # tokens of one decode call (llama.cpp's n_batch)
+    # the tokens the engine computes at once, splitting a longer batch (llama.cpp's n_ubatch, configured small):
+    # the suite then draws batches longer than it, and contexts that hold them
+    micro_batch: int | None = None
     # the model width a multiple of the heads (transformers' LlamaConfig refuses another, head_dim given or not)
     model_width_divisible_by_heads: bool = False
 
@@ -191,6 +196,13 @@ class ModelLimits:
         limits = cls(**given)
         if limits.min_vocab is not None and limits.max_vocab is not None and limits.min_vocab > limits.max_vocab:
             raise ModelPolicyError(f"model_limits: min_vocab {limits.min_vocab} > max_vocab {limits.max_vocab}")
+        if limits.micro_batch is not None and limits.micro_batch > MAX_MICRO_BATCH:
+            raise ModelPolicyError(f"model_limits: micro_batch {limits.micro_batch}: the suite's batches of at most 8 "
+                                   f"tokens split only a micro-batch of at most {MAX_MICRO_BATCH}; configure your "
+                                   "engine's smaller (llama.cpp: n_ubatch)")
+        if limits.micro_batch is not None and limits.max_batch is not None and limits.max_batch <= limits.micro_batch:
+            raise ModelPolicyError(f"model_limits: max_batch {limits.max_batch} <= micro_batch {limits.micro_batch}: "
+                                   "no batch could be split")
         return limits
 
     def described(self) -> dict[str, Any]:
