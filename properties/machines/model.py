@@ -10,7 +10,9 @@ positions as Python or numpy ints); removals at the end, in the middle and of ev
 any negative end); copies (whole and range, into empty and non-empty sequences); keeps, shifts, divides;
 shifts past ``max_positions`` (outside the model: judged only by §5.1); saves and loads (the same id, another
 id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
-the room, operations on unknown sequences. Every logit asked for is
+the room, operations on unknown sequences. As declared: prompts shared by several sequences
+(``multi_sequence_tokens``), batches longer than the engine's ``micro_batch``, every empty sequence started at 0
+(``positions: from_zero``), contexts that grow past their cells (``capacity: grows``). Every logit asked for is
 compared with the oracle, and after every rule every sequence's smallest and largest positions. A call that
 raised must change nothing: the positions are compared at once, the cells by the logits of what comes next.
 """
