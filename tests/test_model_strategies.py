@@ -112,6 +112,7 @@ class Watching(ModelReferenceAdapter):
             result = super().decode_batch(context, batch)
         except errors.MalformedBatch:
             self.seen["malformed batch on a context holding cells"] += holding
+            self.seen["malformed token of several sequences"] += batch.several_sequences
             raise
         except errors.ContextFull:
             self.seen["full"] += 1
@@ -184,6 +185,7 @@ def test_programs_reach_every_situation() -> None:
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
                       "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
                       "empty sequence started past 0", "positions not running on", "token of several sequences",
+                      "malformed token of several sequences",
                       "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 

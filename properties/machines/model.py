@@ -40,7 +40,8 @@ from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
 from .base import ConformanceMachine
 
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
-MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
+MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence",
+                 "unknown sequence among several")  # the last: a token of several sequences, one not the context's
 POSITIONS = "model_policy.positions"  # every program's starts and malformations are drawn under it
 CAPACITY = "model_policy.capacity"  # and its fills and batches past the room
 RANGES = ("all", "to the end", "from the start", "in the middle")
@@ -303,11 +304,13 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data())
     def malformed_batch(self, data: Draws) -> None:
         """A batch with a token outside the vocabulary, positions that do not run on one by one, or an unknown
-        sequence: malformed_batch (judged with validates_model_batch), changing nothing. Where the engine numbers
+        sequence (alone, or among the sequences of a token of several, where ``multi_sequence_tokens`` is declared):
+        malformed_batch (judged with validates_model_batch), changing nothing. Where the engine numbers
         positions itself (``positions: from_zero``) it cannot be handed positions, so none that do not run on."""
         seq = self._a_sequence(data)
         batch = self._batch(data, [seq], [data.draw(st.integers(1, 3), label="tokens")], mixed=False)
-        offered = [m for m in MALFORMATIONS if m != MALFORMATIONS[1] or self.policy.positions == "given"]
+        offered = [m for m in MALFORMATIONS if (m != MALFORMATIONS[1] or self.policy.positions == "given") and (
+            m != MALFORMATIONS[3] or (self.has(Capability.MULTI_SEQUENCE_TOKENS) and self.context_config.unified))]
         problem = data.draw(st.sampled_from(offered), label="malformation")
         index = data.draw(st.integers(0, len(batch.tokens) - 1), label="index")
         fields = {"tokens": list(batch.tokens), "positions": list(batch.positions), "sequences": list(batch.sequences)}
@@ -324,8 +327,8 @@ class ModelMachine(ConformanceMachine):
             else:
                 fields["positions"][index] += data.draw(st.sampled_from([1, 2]), label="gap")
         else:
-            fields["sequences"][index] = data.draw(st.sampled_from([self.sequences, self.sequences + 1, -1]),
-                                                   label="sequence id")
+            bad = data.draw(st.sampled_from([self.sequences, self.sequences + 1, -1]), label="sequence id")
+            fields["sequences"][index] = bad if problem == MALFORMATIONS[2] else (seq, bad)
         broken = ModelBatch(tuple(fields["tokens"]), tuple(fields["positions"]), tuple(fields["sequences"]),
                             batch.logits[:len(fields["tokens"])])
         self._decode(f"a batch with {problem}", broken)
