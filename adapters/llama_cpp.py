@@ -11,8 +11,10 @@ aborts the process: run it isolated (``make_isolated_adapter``, protocol/isolati
 
 One adapter is one configuration (``LlamaCppConfig``): the KV cache's element type (``type_k`` = ``type_v``:
 f32, f16, q8_0, q4_0), flash attention on or off, the context kinds asked for (``kv_unified`` true, false, or
-both). Computation is float32 on the CPU, one thread. The factories at the end are the configurations
-measured in docs/llama-cpp/NOTES.md.
+both), and the micro-batch (``n_ubatch``: by default ``n_batch``, so a batch is one ubatch; configured small,
+``make_micro_batch_adapter``, the suite's batches of up to 8 tokens are split, and ``model_limits`` declares it).
+Computation is float32 on the CPU, one thread. The factories at the end are the configurations measured in
+docs/llama-cpp/NOTES.md (the micro-batch one is not measured yet).
 
 Requires the ``llamacpp`` extra (``pip install -e '.[llamacpp]'``: it builds llama-cpp-python from source,
 about 25-45 minutes on two cores).
@@ -39,7 +41,7 @@ from kvcache_conformance.protocol.model import ContextConfig, ModelBatch, ModelC
 LLAMA_CPP_PYTHON = "0.3.36"
 CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0")
 KV_STORAGE_OF = {"f32": "float32", "f16": "float16", "q8_0": "q8_0", "q4_0": "q4_0"}  # docs/spec.md §15.6
-MAX_BATCH = 512  # n_batch = n_ubatch: a batch is decoded as one ubatch, so all or nothing
+MAX_BATCH = 512  # n_batch, and n_ubatch unless configured smaller (micro_batch): a batch is then one ubatch
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -117,6 +119,9 @@ class LlamaCppConfig:
     # llama.cpp multiplies each head's rows by a Walsh-Hadamard matrix before a quantized cache stores them when
     # the head width is a multiple of 64; False sets LLAMA_ATTN_ROT_DISABLE=1 (read when a context is made).
     rotation: bool = True
+    # n_ubatch: the tokens llama_decode computes at once, splitting a longer batch (None: n_batch, no split). At
+    # most 4 (the suite's batches hold at most 8 tokens; model_limits micro_batch, docs/spec.md §15.7).
+    micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.cache_type not in CACHE_TYPES:
@@ -125,6 +130,8 @@ class LlamaCppConfig:
             raise ValueError("a quantized V cache needs flash attention in llama.cpp: flash_attn=True")
         if not self.contexts or not set(self.contexts) <= {"unified", "per_sequence"}:
             raise ValueError(f"contexts must be drawn from 'unified', 'per_sequence', got {self.contexts!r}")
+        if self.micro_batch is not None and not 1 <= self.micro_batch <= 4:
+            raise ValueError(f"micro_batch must be None or 1-4, got {self.micro_batch!r}")
 
 
 class LlamaModel:
@@ -152,7 +159,8 @@ class LlamaContext:
         self.model, self.config = model, config
         params = lib.llama_context_default_params()
         params.n_ctx = config.cells
-        params.n_batch = params.n_ubatch = MAX_BATCH
+        params.n_batch = MAX_BATCH
+        params.n_ubatch = engine.micro_batch or MAX_BATCH
         params.n_seq_max = config.max_sequences
         params.n_threads = params.n_threads_batch = 1
         params.kv_unified = config.unified
@@ -185,7 +193,7 @@ class LlamaCppAdapter:
     dtype = "float32"
     capabilities = frozenset({"whole_model", "gqa", "rope_interleaved", "rope_half_split", "fixed_capacity",
                               "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
-                              "validates_model_batch"})
+                              "validates_model_batch", "multi_sequence_tokens"})
     # Head widths: even (RoPE), 4 at least; quantized caches store blocks of 32 along a row.
     model_limits: ClassVar[dict[str, int]] = {"min_head_width": 4, "max_batch": MAX_BATCH, "min_vocab": 3}
 
@@ -205,6 +213,9 @@ class LlamaCppAdapter:
             self.model_limits = {**self.model_limits, "head_width_multiple": 32,
                                  **({"max_head_width": 32} if self.engine.rotation else {})}
             self.name = self.name[:-1] + ("" if self.engine.rotation else ",no rotation") + "]"
+        if self.engine.micro_batch is not None:  # the suite draws batches longer than it (docs/spec.md §15.7)
+            self.model_limits = {**self.model_limits, "micro_batch": self.engine.micro_batch}
+            self.name = self.name[:-1] + f",ubatch {self.engine.micro_batch}]"
         if not self.engine.rotation:
             os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
 
@@ -227,15 +238,17 @@ class LlamaCppAdapter:
     def decode_batch(self, context: LlamaContext, batch: ModelBatch) -> np.ndarray:
         lib = _Library.get()
         count = len(batch.tokens)
+        # a token may name several sequences (multi_sequence_tokens): n_seq_id of them, one cell they all hold
         rows = [(_int32(t, f"token {i}", MalformedBatch), _int32(p, f"position {i}", MalformedBatch),
-                 _int32(s, f"sequence {i}", MalformedBatch))
-                for i, (t, p, s) in enumerate(zip(batch.tokens, batch.positions, batch.sequences))]
-        native = lib.llama_batch_init(max(count, 1), 0, 1)
+                 [_int32(s, f"sequence {i}", MalformedBatch) for s in batch.sequences_of(i)])
+                for i, (t, p) in enumerate(zip(batch.tokens, batch.positions))]
+        native = lib.llama_batch_init(max(count, 1), 0, max([len(r[2]) for r in rows] + [1]))
         try:
             native.n_tokens = count
-            for i, (token, position, sequence) in enumerate(rows):
-                native.token[i], native.pos[i], native.n_seq_id[i] = token, position, 1
-                native.seq_id[i][0] = sequence
+            for i, (token, position, sequences) in enumerate(rows):
+                native.token[i], native.pos[i], native.n_seq_id[i] = token, position, len(sequences)
+                for j, sequence in enumerate(sequences):
+                    native.seq_id[i][j] = sequence
                 native.logits[i] = 1 if batch.logits[i] else 0
             status = lib.llama_decode(context.pointer, native)
         finally:
@@ -356,6 +369,12 @@ def make_q8_0_no_rotation_adapter() -> LlamaCppAdapter:
     return LlamaCppAdapter(LlamaCppConfig(cache_type="q8_0", flash_attn=True, rotation=False))
 
 
+def make_micro_batch_adapter() -> LlamaCppAdapter:
+    """f32 cache with n_ubatch 3: a batch of more than 3 tokens is computed in ubatches, all or nothing (llama.h:
+    "upon other return values, the memory state is restored"). Not yet run."""
+    return LlamaCppAdapter(LlamaCppConfig(micro_batch=3))
+
+
 def make_isolated_adapter() -> Isolated:
     """``make_adapter`` in a child process: an engine abort is a "crash" verdict, not the end of the run."""
     return isolated("adapters.llama_cpp:make_adapter")
@@ -387,3 +406,7 @@ def make_isolated_q4_0_adapter() -> Isolated:
 
 def make_isolated_q8_0_no_rotation_adapter() -> Isolated:
     return isolated("adapters.llama_cpp:make_q8_0_no_rotation_adapter")
+
+
+def make_isolated_micro_batch_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_micro_batch_adapter")

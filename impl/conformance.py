@@ -405,6 +405,44 @@ def make_end_only_removal_adapter() -> EndOnlyRemovalAdapter:
     return EndOnlyRemovalAdapter()
 
 
+class PositionsFromZeroAdapter(ReferenceAdapter):
+    """The default reference whose whole model numbers positions itself, ignoring the batch's (``positions:
+    from_zero``; the model alone: ``impl.model_conformance:make_positions_from_zero_model_adapter``); its model
+    mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[positions from zero]"
+    model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, "positions": "from_zero"}
+
+
+def make_positions_from_zero_adapter() -> PositionsFromZeroAdapter:
+    return PositionsFromZeroAdapter()
+
+
+class GrowingAdapter(ReferenceAdapter):
+    """The default reference whose whole model has no capacity limit (``capacity: grows``; the model alone:
+    ``impl.model_conformance:make_growing_model_adapter``); its model mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[grows]"
+    model_policy: ClassVar[dict[str, Any]] = {**ReferenceAdapter.model_policy, "capacity": "grows"}
+
+
+def make_growing_adapter() -> GrowingAdapter:
+    return GrowingAdapter()
+
+
+class MicroBatchAdapter(ReferenceAdapter):
+    """The default reference whose whole model computes a batch in parts of 3 tokens (``model_limits``
+    ``micro_batch: 3``; the model alone: ``impl.model_conformance:make_micro_batch_model_adapter``); its model
+    mutants run behind it."""
+
+    name = f"{ReferenceAdapter.name}[micro-batch 3]"
+    model_limits: ClassVar[dict[str, int]] = {"micro_batch": 3}
+
+
+def make_micro_batch_adapter() -> MicroBatchAdapter:
+    return MicroBatchAdapter()
+
+
 class Float32TranscendentalsAdapter(ReferenceAdapter):
     """The reference's layer caches attending with exp, cos and sin of float32's accuracy inside float64
     arithmetic, declared (docs/spec.md §8.4: the ``transcendentals`` component). Layer caches only: the decoder,

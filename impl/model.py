@@ -164,7 +164,8 @@ class ModelContext:
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
                  end_only_removal: bool = False, bounded_shifts: bool = True, blocks_along_row: bool = False,
-                 kv_groups: StorageRule | None = None) -> None:
+                 kv_groups: StorageRule | None = None, numbers_positions: bool = False, grows: bool = False,
+                 micro_batch: int | None = None) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -185,6 +186,13 @@ class ModelContext:
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
         self.bounded_shifts = bounded_shifts  # a shift past max_positions refused (else done, as llama.cpp does)
+        # the batch's positions ignored: each sequence's tokens numbered on from its largest position, an empty one
+        # from 0 (llama.cpp's decode of a batch whose pos is NULL)
+        self.numbers_positions = numbers_positions
+        self.grows = grows  # no capacity limit: a store short of free cells is reallocated larger, never full
+        # a longer batch is computed in parts of this many tokens, each committed before the next (llama.cpp's
+        # n_ubatch); a part without room undoes the parts before it
+        self.micro_batch = micro_batch
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -211,16 +219,66 @@ class ModelContext:
     def _free_slots(self, stream: int) -> np.ndarray:
         return np.flatnonzero(~self.members[stream].any(axis=1))
 
+    def _reserve(self, stream: int, needed: int) -> None:
+        """A growing context: at least ``needed`` free cells in ``stream``, every store reallocated alike (at least
+        twice as large), the cells held copied over. Growing is not observable: the same cells, more room."""
+        short = needed - len(self._free_slots(stream))
+        if not self.grows or short <= 0:
+            return
+        held, grown = self.capacity, max(2 * self.capacity, self.capacity + short)
+
+        def widened(array: np.ndarray, axis: int, fill: Any) -> np.ndarray:
+            shape = list(array.shape)
+            shape[axis] = grown
+            wide = np.full(shape, fill, dtype=array.dtype)
+            wide[(slice(None),) * axis + (slice(0, held),)] = array
+            return wide
+
+        self.keys = widened(self.keys, 2, 0)
+        self.values = widened(self.values, 2, 0)
+        self.positions = widened(self.positions, 1, -1)
+        self.tokens = widened(self.tokens, 1, -1)
+        self.members = widened(self.members, 1, False)
+        self.capacity = grown
+
     # -- decoding --
 
     def decode(self, tokens: Any, positions: Any, sequences: Any, logits: Any) -> np.ndarray:
-        """Decode a batch into its sequences' cells, all or none; the wanted logits ``[n, V]`` in batch order."""
-        tokens, positions, sequences = self._checked_batch(tokens, positions, sequences)
+        """Decode a batch into its sequences' cells, all or none; the wanted logits ``[n, V]`` in batch order. A token
+        may name several sequences (a tuple of ids): one cell they all hold, seeing the cells they all hold."""
+        tokens, positions, sequences, named = self._checked_batch(tokens, positions, sequences)
         wanted = np.array([bool(w) for w in logits], dtype=bool)
+        step = self.micro_batch or len(tokens)
+        if step >= len(tokens):
+            return self._decode_checked(tokens, positions, sequences, named, wanted)
+        kept = self._arrays()
+        outputs = []
+        try:
+            for start in range(0, len(tokens), step):
+                part = slice(start, start + step)
+                outputs.append(self._decode_checked(tokens[part], positions[part], sequences[part], named[part],
+                                                    wanted[part]))
+        except ContextFull:
+            self._restore(kept)
+            raise
+        return np.concatenate(outputs)
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """Copies of everything a decode writes (a growing context's larger arrays included)."""
+        return tuple(array.copy() for array in (self.keys, self.values, self.positions, self.tokens, self.members))
+
+    def _restore(self, kept: tuple[np.ndarray, ...]) -> None:
+        self.keys, self.values, self.positions, self.tokens, self.members = kept
+        self.capacity = self.positions.shape[1]
+
+    def _decode_checked(self, tokens: np.ndarray, positions: np.ndarray, sequences: np.ndarray, named: np.ndarray,
+                        wanted: np.ndarray) -> np.ndarray:
+        """Decode a checked batch (or one part of it) into its sequences' cells; the wanted logits."""
         slots = np.empty(len(tokens), dtype=np.int64)
         streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
         for stream in np.unique(streams):
             mine = np.flatnonzero(streams == stream)
+            self._reserve(int(stream), len(mine))
             free = self._free_slots(stream)
             if len(mine) > len(free):
                 raise ContextFull(len(mine), len(free), "decoding the batch")
@@ -238,8 +296,9 @@ class ModelContext:
                 keys = np.concatenate([self.keys[stream, layer], new_keys[layer, mine]]).astype(model.dtype)
                 values = np.concatenate([self.values[stream, layer], new_values[layer, mine]]).astype(model.dtype)
                 cell_positions = np.concatenate([self.positions[stream], positions[mine]])
-                held = self.members[stream][:, sequences[mine]].T  # [m, C]
-                batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]
+                # a token sees a cell (held, or of the batch) that every one of its sequences holds
+                held = ~(named[mine][:, None, :] & ~self.members[stream][None, :, :]).any(axis=2)  # [m, C]
+                batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]
                 visible = np.concatenate([held, batch], axis=1) & (cell_positions[None, :] <= positions[mine, None])
                 if s.window is not None:
                     visible &= positions[mine, None] - cell_positions[None, :] < s.window
@@ -249,8 +308,7 @@ class ModelContext:
         for i, (stream, slot) in enumerate(zip(streams, slots)):  # commit: nothing above wrote the context
             self.keys[stream, :, slot], self.values[stream, :, slot] = new_keys[:, i], new_values[:, i]
             self.positions[stream, slot], self.tokens[stream, slot] = positions[i], tokens[i]
-            self.members[stream, slot] = False
-            self.members[stream, slot, sequences[i]] = True
+            self.members[stream, slot] = named[i]
         return result
 
     def _as_stored(self, rows: np.ndarray) -> np.ndarray:
@@ -265,27 +323,57 @@ class ModelContext:
         return rows.astype(self.kv_dtype)
 
     def _checked_batch(self, tokens: Any, positions: Any, sequences: Any) -> tuple[np.ndarray, ...]:
+        """The batch as arrays: token ids, positions, each token's first sequence ``[n]``, and the sequences each
+        token names ``[n, max_sequences]``."""
         s = self.model.shape
-        tokens, positions, sequences = list(tokens), list(positions), list(sequences)
+        tokens, sequences = list(tokens), list(sequences)
+        positions = self._numbered(sequences) if self.numbers_positions else list(positions)
         if not tokens:
             raise MalformedBatch("the batch is empty")
+        named = np.zeros((len(tokens), self.sequences), dtype=bool)
         for i, (token, position, seq) in enumerate(zip(tokens, positions, sequences)):
             if not _is_int(token) or not 0 <= token < s.vocab:
                 raise MalformedBatch(f"token {i} is {token!r}, not an id in [0, {s.vocab})")
-            if not _is_int(seq) or not 0 <= seq < self.sequences:
-                raise MalformedBatch(f"token {i}'s sequence {seq!r} is not one of 0..{self.sequences - 1}")
+            for one in (seq if isinstance(seq, tuple) else (seq,)):
+                if not _is_int(one) or not 0 <= one < self.sequences:
+                    raise MalformedBatch(f"token {i}'s sequence {one!r} is not one of 0..{self.sequences - 1}")
+                if named[i, one]:
+                    raise MalformedBatch(f"token {i} names sequence {one} twice")
+                named[i, one] = True
+            if not named[i].any():
+                raise MalformedBatch(f"token {i} names no sequence")
+            if len({self.stream(int(one)) for one in np.flatnonzero(named[i])}) > 1:
+                raise MalformedBatch(f"token {i}'s sequences hold their cells in different stores")
             if not _is_int(position) or not 0 <= position < s.max_positions:
                 raise MalformedBatch(f"token {i}'s position {position!r} is not in [0, {s.max_positions})")
         as_arrays = (np.array(tokens, dtype=np.int64), np.array(positions, dtype=np.int64),
-                     np.array(sequences, dtype=np.int64))
-        for seq in np.unique(as_arrays[2]):
-            mine = as_arrays[1][as_arrays[2] == seq]
+                     named.argmax(axis=1).astype(np.int64), named)
+        for seq in np.flatnonzero(named.any(axis=0)):
+            mine = as_arrays[1][named[:, seq]]
             last = self.pos_max(int(seq))
             start = mine[0] if last < 0 else last + 1
             if not np.array_equal(mine, np.arange(start, start + len(mine))):
                 raise MalformedBatch(f"sequence {seq}'s positions {mine.tolist()} do not follow "
                                      f"{'an empty sequence' if last < 0 else last} one by one")
         return as_arrays
+
+    def _numbered(self, sequences: list[Any]) -> list[Any]:
+        """The engine's own positions for a batch of ``sequences``: each sequence's tokens run on, in batch order,
+        from its largest position + 1 (an empty sequence from 0)."""
+        following: dict[int, int] = {}
+        numbered: list[Any] = []
+        for seq in sequences:
+            named = seq if isinstance(seq, tuple) else (seq,)
+            if not named or not all(_is_int(one) and 0 <= one < self.sequences for one in named):
+                numbered.append(0)  # refused below, as an unknown sequence
+                continue
+            key = int(named[0])  # a token of several sequences: the next of its first (they hold the same cells)
+            if key not in following:
+                following[key] = self.pos_max(key) + 1
+            numbered.append(following[key])
+            for one in named:
+                following[int(one)] = numbered[-1] + 1
+        return numbered
 
     # -- sequence operations --
 
@@ -337,6 +425,7 @@ class ModelContext:
                 self.remove(dst, -1, -1)
             self.members[source, picked, dst] = True
             return
+        self._reserve(target, len(picked))
         only_dst = self.members[target, :, dst] & (self.members[target].sum(axis=1) == 1)
         free = len(self._free_slots(target)) + (int(only_dst.sum()) if replacing else 0)
         if len(picked) > free:
@@ -415,6 +504,7 @@ class ModelContext:
             raise SequenceOperationRefused("load_sequence", "the state is not a saved sequence of this model")
         stream = self.stream(seq)
         only_seq = self.members[stream, :, seq] & (self.members[stream].sum(axis=1) == 1)
+        self._reserve(stream, len(state.positions))
         free = len(self._free_slots(stream)) + int(only_seq.sum())
         if len(state.positions) > free:
             raise ContextFull(len(state.positions), free, "loading the sequence")

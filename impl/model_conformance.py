@@ -25,7 +25,8 @@ MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
 
 # What the model methods add to an adapter's capabilities (its model's own conventions are declared beside them).
 MODEL_CAPABILITIES = frozenset({"whole_model", "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide",
-                                "seq_state", "validates_model_batch", "validates_sequence_ops"})
+                                "seq_state", "validates_model_batch", "validates_sequence_ops",
+                                "multi_sequence_tokens"})
 
 
 def kv_format(kv_storage: Any) -> str | None:
@@ -68,7 +69,10 @@ class ModelReferenceMethods:
                             blocks_along_row=kv_along_row(getattr(self, "kv_storage", None)),
                             kv_groups=kv_groups(getattr(self, "kv_storage", None)),
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
-                            bounded_shifts=getattr(self, "bounded_shifts", True))
+                            bounded_shifts=getattr(self, "bounded_shifts", True),
+                            numbers_positions=self.model_policy.get("positions", "given") == "from_zero",
+                            grows=self.model_policy.get("capacity", "fixed") == "grows",
+                            micro_batch=(getattr(self, "model_limits", None) or {}).get("micro_batch"))
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -210,6 +214,48 @@ class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
 
 def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
     return EndOnlyRemovalModelAdapter()
+
+
+class PositionsFromZeroModelAdapter(ModelReferenceAdapter):
+    """The reference taking no position from the caller: it ignores the batch's positions and numbers each
+    sequence's tokens itself, on from the sequence's largest position, an empty sequence from 0 (llama.cpp's
+    decode of a batch whose ``pos`` is NULL). It declares ``positions:
+    from_zero``; a batch whose positions do not run on is not refused but numbered anew."""
+
+    name = f"{ModelReferenceAdapter.name}[positions from zero]"
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "positions": "from_zero"}
+
+
+def make_positions_from_zero_model_adapter() -> PositionsFromZeroModelAdapter:
+    return PositionsFromZeroModelAdapter()
+
+
+class GrowingModelAdapter(ModelReferenceAdapter):
+    """The reference with no capacity limit: a context short of free cells for a batch, a duplicating copy or a
+    load reallocates its stores larger (as transformers' DynamicCache concatenates), never full. It declares
+    ``capacity: grows``, and not ``fixed_capacity`` (it is never full); ``context_cells`` reports the cells it has
+    now."""
+
+    name = f"{ModelReferenceAdapter.name}[grows]"
+    capabilities = ModelReferenceAdapter.capabilities - {"fixed_capacity"}
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "capacity": "grows"}
+
+
+def make_growing_model_adapter() -> GrowingModelAdapter:
+    return GrowingModelAdapter()
+
+
+class MicroBatchModelAdapter(ModelReferenceAdapter):
+    """The reference computing a batch longer than 3 tokens in parts of 3, each committed before the next, and
+    undoing them if a later part has no room (llama.cpp with ``n_ubatch`` 3); it declares ``model_limits``
+    ``micro_batch: 3``."""
+
+    name = f"{ModelReferenceAdapter.name}[micro-batch 3]"
+    model_limits: ClassVar[dict[str, int]] = {"micro_batch": 3}
+
+
+def make_micro_batch_model_adapter() -> MicroBatchModelAdapter:
+    return MicroBatchModelAdapter()
 
 
 class UnboundedShiftModelAdapter(ModelReferenceAdapter):

@@ -216,11 +216,12 @@ class CellContext:
 
     ``shared_copies``: in a unified context a copy adds the destination to the source's cells (the same
     cells, no room used) instead of duplicating them. ``copy_into_nonempty``: ``"merge"``, ``"replace"`` or
-    ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``).
+    ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``). ``grows``: no
+    capacity limit -- nothing is ever full, and ``capacity`` is only the cells the context was asked for.
     """
 
     def __init__(self, model: Model, config: ContextConfig, *, shared_copies: bool = True,
-                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None) -> None:
+                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None, grows: bool = False) -> None:
         if copy_into_nonempty not in (MERGE, REPLACE, WHOLE_ONLY):
             raise OracleInputError(f"copy_into_nonempty must be merge, replace or whole_only, "
                                    f"got {copy_into_nonempty!r}")
@@ -228,6 +229,7 @@ class CellContext:
         self.shared_copies = shared_copies and config.unified
         self.copy_into_nonempty = copy_into_nonempty
         self.capacity = config.stream_cells if stream_cells is None else stream_cells  # cells of one store
+        self.grows = grows
         self.stores: list[list[Cell]] = [[] for _ in range(1 if config.unified else config.max_sequences)]
 
     # -- what is observable --
@@ -246,7 +248,13 @@ class CellContext:
         return int(max((cell.position for cell in self.cells_of(seq)), default=-1))
 
     def free(self, store: list[Cell]) -> int:
+        """The store's free cells (of those the context was asked for, when it grows: then below 0 past them)."""
         return self.capacity - len(store)
+
+    def _room(self, store: list[Cell], needed: int, freed: int, what: str) -> None:
+        """Refuse ``full`` unless ``needed`` cells fit in the store's free ones and ``freed`` (never, growing)."""
+        if not self.grows and needed > self.free(store) + freed:
+            raise ModelRefusal(FULL, f"{what} {needed} cells into a store with {self.free(store) + freed} free")
 
     # -- decoding --
 
@@ -255,13 +263,14 @@ class CellContext:
 
         Each layer first computes every batch token's key and value into its new cell, then each token
         attends over the cells of its sequence at positions ``<= its own`` (within the window), the batch's
-        new cells included: a batch is causal, as its tokens were decoded one by one.
+        new cells included: a batch is causal, as its tokens were decoded one by one. A token of several sequences
+        is one cell all of them hold, and sees the cells every one of them holds.
         """
         self._check_batch(batch)
         model, numbers = self.model, self.model.numbers
         count = len(batch.tokens)
         hidden = [list(model.embedding[t]) for t in batch.tokens]  # [n][D]
-        cells = [Cell(batch.positions[i], batch.tokens[i], (), (), {batch.sequences[i]}) for i in range(count)]
+        cells = [Cell(batch.positions[i], batch.tokens[i], (), (), set(batch.sequences_of(i))) for i in range(count)]
         for layer in range(model.config.layers):
             queries = []  # [n][H*dh], unrotated
             for i in range(count):  # every new cell gains this layer's key and value first
@@ -269,21 +278,24 @@ class CellContext:
                 queries.append(query)
                 cells[i].keys, cells[i].values = (*cells[i].keys, key), (*cells[i].values, value)
             for i in range(count):
-                seen = self._seen(batch.sequences[i], batch.positions[i], cells)
+                seen = self._seen(frozenset(batch.sequences_of(i)), batch.positions[i], cells)
                 attention = model.attend(layer, queries[i], batch.positions[i], seen)
                 hidden[i] = [h + a for h, a in zip(hidden[i], attention)]
             hidden = [model.feed_forward(layer, h) for h in hidden]
         for i, cell in enumerate(cells):
-            self.store_of(batch.sequences[i]).append(cell)
+            self.store_of(batch.sequences_of(i)[0]).append(cell)
         wanted = [model.logits(hidden[i]) for i in range(count) if batch.logits[i]]
         rounded = [[numbers.to_float(v) for v in row] for row in wanted]
         return np.array(rounded, dtype=np.float64).reshape(len(wanted), model.config.vocab)
 
-    def _seen(self, seq: int, position: int, batch_cells: list[Cell]) -> list[Cell]:
-        """The cells a query of ``seq`` at ``position`` attends: held ones, then the batch's (whose keys and
-        values of the current layer are in by then)."""
+    def _seen(self, seqs: frozenset[int], position: int, batch_cells: list[Cell]) -> list[Cell]:
+        """The cells a query of the sequences ``seqs`` (one, or several sharing a token) at ``position`` attends:
+        held ones every one of them holds, then the batch's (whose keys and values of the current layer are in by
+        then)."""
         window = self.model.config.window
-        candidates = [*self.cells_of(seq), *(c for c in batch_cells if seq in c.sequences)]
+        first = min(seqs)
+        candidates = [*(c for c in self.cells_of(first) if seqs <= c.sequences),
+                      *(c for c in batch_cells if seqs <= c.sequences)]
         return [c for c in candidates
                 if c.position <= position and (window is None or position - c.position < window)]
 
@@ -292,16 +304,24 @@ class CellContext:
         config, model = self.config, self.model.config
         if not batch.tokens:
             raise ModelRefusal(MALFORMED_BATCH, "an empty batch")
-        for i, (token, position, seq) in enumerate(zip(batch.tokens, batch.positions, batch.sequences)):
+        for i, (token, position) in enumerate(zip(batch.tokens, batch.positions)):
             if not _is_int(token) or not 0 <= token < model.vocab:
                 raise ModelRefusal(MALFORMED_BATCH, f"token {i} is {token!r}, outside [0, {model.vocab})")
-            if not _is_int(seq) or not 0 <= seq < config.max_sequences:
-                raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s sequence {seq!r} is not one of "
-                                                    f"0..{config.max_sequences - 1}")
+            named = batch.sequences_of(i)
+            for seq in named:
+                if not _is_int(seq) or not 0 <= seq < config.max_sequences:
+                    raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s sequence {seq!r} is not one of "
+                                                        f"0..{config.max_sequences - 1}")
+            if not named or len(set(named)) < len(named):
+                raise ModelRefusal(MALFORMED_BATCH, f"token {i} names the sequences {named!r}: none, or one twice")
+            if len({id(self.store_of(seq)) for seq in named}) > 1:
+                raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s sequences {named!r} hold their cells in "
+                                                    "different stores")
             if not _is_int(position) or position < 0:
                 raise ModelRefusal(MALFORMED_BATCH, f"token {i}'s position {position!r} is not an int >= 0")
-        for seq in dict.fromkeys(batch.sequences):
-            positions = [p for p, s in zip(batch.positions, batch.sequences) if s == seq]
+        named_by = [batch.sequences_of(i) for i in range(len(batch.tokens))]
+        for seq in dict.fromkeys(s for named in named_by for s in named):
+            positions = [p for p, named in zip(batch.positions, named_by) if seq in named]
             held = self.pos_max(seq)
             start = positions[0] if held < 0 else held + 1  # an empty sequence may start anywhere
             if positions != list(range(start, start + len(positions))):
@@ -310,9 +330,8 @@ class CellContext:
             if positions[-1] >= model.max_positions:
                 raise OracleInputError(f"position {positions[-1]} outside the model's {model.max_positions}")
         for index, store in enumerate(self.stores):
-            needed = sum(1 for s in batch.sequences if self.store_of(s) is store)
-            if needed > self.free(store):
-                raise ModelRefusal(FULL, f"{needed} tokens for store {index} with {self.free(store)} free cells")
+            needed = sum(1 for named in named_by if self.store_of(named[0]) is store)
+            self._room(store, needed, 0, f"decoding store {index}'s")
 
     # -- sequence operations --
 
@@ -347,9 +366,7 @@ class CellContext:
         if not self.shared_copies:
             store = self.store_of(dst)
             freed = sum(1 for cell in self.cells_of(dst) if cell.sequences == {dst}) if replacing else 0
-            if len(copied) > self.free(store) + freed:
-                raise ModelRefusal(FULL, f"copying {len(copied)} cells into a store with "
-                                   f"{self.free(store) + freed} free")
+            self._room(store, len(copied), freed, "copying")
         if replacing:
             self.remove(dst, -1, -1)
         for cell in copied:
@@ -407,9 +424,7 @@ class CellContext:
         self._check_sequence(seq)
         store = self.store_of(seq)
         freed = sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
-        if len(saved.cells) > self.free(store) + freed:
-            raise ModelRefusal(FULL, f"loading {len(saved.cells)} cells into a store with "
-                               f"{self.free(store) + freed} free")
+        self._room(store, len(saved.cells), freed, "loading")
         self.remove(seq, -1, -1)
         store.extend(Cell(position, token, keys, values, {seq}) for position, token, keys, values in saved.cells)
 

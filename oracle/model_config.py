@@ -192,6 +192,10 @@ class ModelBatch:
     """One ``decode_batch`` call (llama.cpp's ``llama_batch``): token ``i`` is ``tokens[i]`` at ``positions[i]`` in
     sequence ``sequences[i]``; ``logits[i]``: whether its logits are returned (rows in batch order).
 
+    ``sequences[i]`` is one sequence id, or -- only for an adapter declaring ``multi_sequence_tokens`` -- a tuple of
+    several: the token is one cell that every one of them holds (llama.cpp's ``n_seq_id > 1``, a prompt shared by
+    several sequences decoded once). ``sequences_of(i)`` reads either as a tuple.
+
     The contents are kept exactly as the suite built them, valid or not (a malformed batch is a test
     input); only the lengths must agree. An id or position is an int when it is a Python int or a numpy
     integer scalar (``np.int64``, ``np.int32``: what sampling from a logits array gives), never a bool
@@ -215,6 +219,22 @@ class ModelBatch:
         count = len(tokens)
         return cls(tuple(tokens), tuple(range(start, start + count)), (sequence,) * count,
                    tuple(all_logits or i == count - 1 for i in range(count)))
+
+    @classmethod
+    def shared(cls, sequences: tuple[int, ...], tokens: tuple[int, ...] | list[int], start: int) -> ModelBatch:
+        """``tokens`` each held by every one of ``sequences`` at ``start, start+1, ...``; every token's logits."""
+        count = len(tokens)
+        return cls(tuple(tokens), tuple(range(start, start + count)), (tuple(sequences),) * count, (True,) * count)
+
+    def sequences_of(self, index: int) -> tuple[Any, ...]:
+        """The sequences token ``index`` belongs to: its one id, or the ids of its tuple."""
+        entry = self.sequences[index]
+        return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+    @property
+    def several_sequences(self) -> bool:
+        """Whether a token names several sequences (a tuple of ids)."""
+        return any(isinstance(entry, tuple) for entry in self.sequences)
 
     @property
     def wanted(self) -> int:

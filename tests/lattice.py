@@ -39,10 +39,15 @@ from impl.errors import SequenceOperationRefused
 from impl.model import ModelContext
 from impl.model_conformance import (
     EndOnlyRemovalModelAdapter,
+    GrowingModelAdapter,
     LowPrecisionModelAdapter,
     ModelReferenceAdapter,
+    PositionsFromZeroModelAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_growing_model_adapter,
+    make_micro_batch_model_adapter,
+    make_positions_from_zero_model_adapter,
     make_uint4_extreme_model_adapter,
     make_uint4_groups_model_adapter,
     make_unbounded_shift_model_adapter,
@@ -60,7 +65,8 @@ DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_int
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
            "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"},
-           "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state"}}
+           "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
+                           "multi_sequence_tokens"}}
 
 
 class Declared:
@@ -339,6 +345,15 @@ class WidthByHeads(ReferenceAdapter):
         return super().create_model(config, weights)
 
 
+class FirstSequenceOnly(ReferenceAdapter):
+    """Hands its engine each token's first sequence alone (an adapter writing llama.cpp's ``n_seq_id`` as 1): a
+    token naming several sequences becomes a cell of the first."""
+
+    def decode_batch(self, context: ModelContext, batch: Any) -> Any:
+        firsts = tuple(s[0] if isinstance(s, tuple) else s for s in batch.sequences)
+        return super().decode_batch(context, type(batch)(batch.tokens, batch.positions, firsts, batch.logits))
+
+
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
 
 
@@ -411,6 +426,21 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     # more cells per store than asked (llama.cpp pads n_ctx), reported (§15.2)
     "model-cells-rounded-up": lambda: Declared("model-cells-rounded-up", MODEL_ONLY, RoundsCellsUp(),
                                                layer_caches=False),
+    # takes no position from the caller: numbers each sequence on from its largest position, an empty one from 0
+    "model-positions-from-zero": lambda: Declared("model-positions-from-zero", MODEL_ONLY,
+                                                  make_positions_from_zero_model_adapter(), layer_caches=False,
+                                                  model_policy=PositionsFromZeroModelAdapter.model_policy),
+    # takes one sequence per token, and does not declare multi_sequence_tokens
+    "model-one-sequence-per-token": lambda: Declared("model-one-sequence-per-token",
+                                                     REFERENCE - {"multi_sequence_tokens"}, FirstSequenceOnly()),
+    # computes a batch in parts of 3 tokens, all or nothing (llama.cpp with n_ubatch 3); no twin: the declaration
+    # only makes longer batches drawn, and a correct engine passes whatever micro-batch it declares
+    "model-micro-batch-3": lambda: Declared("model-micro-batch-3", MODEL_ONLY, make_micro_batch_model_adapter(),
+                                            layer_caches=False, model_limits={"micro_batch": 3}),
+    # no capacity limit: grows past the cells asked for, never full
+    "model-capacity-grows": lambda: Declared("model-capacity-grows", MODEL_ONLY - {"fixed_capacity"},
+                                             make_growing_model_adapter(), layer_caches=False,
+                                             model_policy=GrowingModelAdapter.model_policy),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -449,6 +479,17 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-cells-rounded-up-reports-the-cells-asked": (lambda: Declared(
         "twin-reports-the-cells-asked", MODEL_ONLY, ReportsTheCellsAskedFor(), layer_caches=False), "model", {},
         "expected full, got success"),
+    # an empty sequence started at 1-3 is held from 0; positions that do not run on are numbered, not refused
+    "model-positions-from-zero-undeclared": (lambda: Declared(
+        "twin-positions-from-zero", MODEL_ONLY, make_positions_from_zero_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
+    # takes one sequence per token, but declares multi_sequence_tokens: a shared prompt is held by its first alone
+    "model-one-sequence-per-token-claims-several": (
+        lambda: Declared("twin-one-sequence-per-token", REFERENCE, FirstSequenceOnly()), "model", {}, ""),
+    # grows, but claims fixed_capacity of a fixed store: a batch past the room is accepted where full is claimed
+    "model-capacity-grows-claims-fixed": (lambda: Declared(
+        "twin-capacity-grows", MODEL_ONLY, make_growing_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
 }
 
 

@@ -676,7 +676,7 @@ MODEL_MUTANTS = (
              '                raise ContextFull(len(mine), len(free), "decoding the batch")'),),
            "a batch without room writes the tokens that fit, then raises full", "model"),
     Mutant("model_batch_sees_other_sequences", "model.py",
-           (("batch = sequences[mine][None, :] == sequences[mine][:, None]  # [m, m]",
+           (("batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]",
              "batch = np.ones((len(mine), len(mine)), dtype=bool)  # [m, m]"),),
            "a token of a batch mixing sequences sees the other sequences' tokens of the batch", "model"),
     Mutant("model_remove_p1_inclusive", "model.py",
@@ -839,6 +839,50 @@ MODEL_MUTANTS = (
              "            if (held & (self.positions >= p1)).any():\n                return\n"),),
            "a removal in the middle it cannot do returns as if done, removing nothing", "model",
            factory="make_end_only_removal_adapter"),
+    # behind the reference numbering positions itself (positions: from_zero, impl.conformance:
+    # make_positions_from_zero_adapter)
+    Mutant("model_from_zero_next_is_the_cell_count", "model.py",
+           (("                following[key] = self.pos_max(key) + 1\n",
+             "                following[key] = int(self.members[self.stream(key), :, key].sum())\n"),),
+           "numbers a sequence's next token by the cells it holds (a cache's length), not its largest position + 1",
+           "model", factory="make_positions_from_zero_adapter"),
+    Mutant("model_from_zero_one_count_per_store", "model.py",
+           (("                following[key] = self.pos_max(key) + 1\n",
+             "                following[key] = int(self.positions[self.stream(key)].max()) + 1\n"),),
+           "numbers a sequence's next token on from the largest position of its store (one count for a unified "
+           "context), not of the sequence", "model", factory="make_positions_from_zero_adapter"),
+    # tokens naming several sequences (multi_sequence_tokens), behind the default reference
+    Mutant("model_shared_token_joins_its_first_sequence", "model.py",
+           (("            self.members[stream, slot] = named[i]\n",
+             "            self.members[stream, slot] = False\n"
+             "            self.members[stream, slot, sequences[i]] = True\n"),),
+           "a token naming several sequences becomes a cell of its first sequence alone (n_seq_id read as 1)", "model"),
+    Mutant("model_shared_token_seen_by_the_same_sequences_only", "model.py",
+           (("batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]",
+             "batch = (named[mine][:, None, :] == named[mine][None, :, :]).all(axis=2)  # [m, m]"),),
+           "a token of the batch sees the batch's earlier tokens only if they name exactly its sequences: a "
+           "sequence's own token after a shared prompt in one batch misses the prompt", "model"),
+    # behind the reference computing batches in parts of 3 (model_limits micro_batch 3,
+    # impl.conformance:make_micro_batch_adapter)
+    Mutant("model_micro_batch_failure_keeps_earlier_parts", "model.py",
+           (("        except ContextFull:\n            self._restore(kept)\n            raise\n",
+             "        except ContextFull:\n            raise\n"),),
+           "a part of a batch without room raises full, but the parts before it stay in the context", "model",
+           factory="make_micro_batch_adapter"),
+    Mutant("model_micro_batch_logits_in_reverse_parts", "model.py",
+           (("        return np.concatenate(outputs)\n", "        return np.concatenate(outputs[::-1])\n"),),
+           "returns the logits of a batch's parts last part first", "model", factory="make_micro_batch_adapter"),
+    # behind the reference with no capacity limit (capacity: grows, impl.conformance:make_growing_adapter)
+    Mutant("model_growth_loses_the_values", "model.py",
+           (("        self.values = widened(self.values, 2, 0)\n",
+             "        self.values = np.zeros_like(widened(self.values, 2, 0))\n"),),
+           "grows by allocating larger stores, but copies the held cells' keys and not their values", "model",
+           factory="make_growing_adapter"),
+    Mutant("model_growth_forgets_the_sequences", "model.py",
+           (("        self.members = widened(self.members, 1, False)\n",
+             "        self.members = np.zeros_like(widened(self.members, 1, False))\n"),),
+           "grows by allocating larger stores, but not the table of which sequences hold each cell: every cell held "
+           "is freed", "model", factory="make_growing_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 

@@ -39,6 +39,9 @@ CHAINS = {
 # (the smallest, load_into_a_fresh_context, at 0.016); a rule under its floor is thinned out, not unlucky.
 FLOOR = 0.004
 MOST = 0.25  # no rule's share of the steps above this, under dev or thorough (thorough once gave four rules 92%)
+# drawn only under a declaration the adapter of these runs does not make (model_limits micro_batch: its floor is
+# tests/test_model_strategies.py's)
+NOT_DECLARED = {"batch_across_micro_batches"}
 
 
 def exercised(profile: str, examples: int) -> tuple[Counter[tuple[str, str]], Counter[str]]:
@@ -70,6 +73,6 @@ def test_no_rule_takes_most_of_a_run_and_each_keeps_its_floor(profile: str, exam
     assert max(shares.values()) <= MOST, sorted(shares.items(), key=lambda item: -item[1])[:4]
     if profile != "dev":  # the floors are stated for the default profile's runs
         return
-    rules = {name for name, spec in ModelMachine.specs().items() if spec.kind == "rule"}
+    rules = {name for name, spec in ModelMachine.specs().items() if spec.kind == "rule"} - NOT_DECLARED
     thin = {rule: round(shares.get(rule, 0.0), 4) for rule in rules if shares.get(rule, 0.0) < FLOOR}
     assert not thin, thin

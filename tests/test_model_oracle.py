@@ -565,3 +565,47 @@ def test_positions_read_back_as_python_ints_whatever_ints_a_batch_gave() -> None
     oracle = context(MODEL_PRESETS["tiny"])
     oracle.decode(ModelBatch((np.int64(3), np.int64(1)), (np.int64(0), np.int64(1)), (0, 0), (True, True)))
     assert type(oracle.pos_min(0)) is int and type(oracle.pos_max(0)) is int and oracle.pos_max(0) == 1
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_a_growing_context_is_never_full_and_a_fixed_one_is_past_its_cells(unified: bool) -> None:
+    config = MODEL_PRESETS["tiny"]
+    fixed = context(config, cells=4, sequences=2, unified=unified)
+    grown = context(config, cells=4, sequences=2, unified=unified, grows=True)
+    with pytest.raises(ModelRefusal) as refused:
+        decode(fixed, 0, TOKENS[:5])
+    assert refused.value.kind == "full" and fixed.pos_max(0) == -1
+    np.testing.assert_array_equal(decode(grown, 0, TOKENS[:5]), full_model(TOKENS[:5], config,
+                                                                           random_model_weights(config, 0)))
+    grown.copy(0, 1, -1, -1)
+    grown.load(1, grown.save(0))
+    assert grown.free(grown.store_of(0)) < 0 and (grown.pos_min(1), grown.pos_max(1)) == (0, 4)
+
+
+def test_a_token_of_several_sequences_is_one_cell_they_all_hold_as_a_shared_copy_makes_it() -> None:
+    config = MODEL_PRESETS["tiny-mha"]
+    shared, copied = context(config, sequences=3), context(config, sequences=3)
+    first = shared.decode(ModelBatch.shared((0, 2), TOKENS[:3], 0))
+    np.testing.assert_array_equal(first, decode(copied, 0, TOKENS[:3]))
+    copied.copy(0, 2, -1, -1)
+    assert len(shared.stores[0]) == 3 and [shared.pos_max(s) for s in range(3)] == [2, -1, 2]
+    both = ModelBatch((5, 6), (3, 3), (0, 2), (True, True))
+    np.testing.assert_array_equal(shared.decode(both), copied.decode(both))
+    batch = ModelBatch((1, 2, 3), (0, 1, 2), ((0, 1), (0, 1), 1), (True,) * 3)  # own token after, same batch
+    fresh, apart = context(config, sequences=2), context(config, sequences=2)
+    logits = fresh.decode(batch)
+    np.testing.assert_array_equal(logits[:2], decode(apart, 0, [1, 2]))
+    apart.copy(0, 1, -1, -1)
+    np.testing.assert_array_equal(logits[2], apart.decode(ModelBatch((3,), (2,), (1,), (True,)))[0])
+    assert ModelBatch((1,), (0,), (0,), (True,)).sequences_of(0) == (0,)
+
+
+@pytest.mark.parametrize("sequences", [(0, 0), (), (0, 3)])
+def test_a_token_naming_a_sequence_twice_none_or_an_unknown_one_is_malformed(sequences: tuple[int, ...]) -> None:
+    ctx = context(MODEL_PRESETS["tiny"])
+    with pytest.raises(ModelRefusal) as refused:
+        ctx.decode(ModelBatch((1,), (0,), (sequences,), (True,)))
+    assert refused.value.kind == "malformed_batch"
+    per_sequence = context(MODEL_PRESETS["tiny"], unified=False)
+    with pytest.raises(ModelRefusal):
+        per_sequence.decode(ModelBatch((1,), (0,), ((0, 1),), (True,)))  # cells in two stores

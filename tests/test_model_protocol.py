@@ -37,12 +37,16 @@ def test_a_policy_is_read_as_declared() -> None:
     assert policy.described()["copy_per_sequence"] == "whole_only"
     assert policy.removal == "any" and ModelPolicy.of(adapter(model_policy={"removal": "end_only"})).removal == \
         "end_only"
+    assert policy.positions == "given" and policy.capacity == "fixed"
+    assert ModelPolicy.of(adapter(model_policy={"capacity": "grows"})).described()["capacity"] == "grows"
+    assert ModelPolicy.of(adapter(model_policy={"positions": "from_zero"})).described()["positions"] == "from_zero"
 
 
 @pytest.mark.parametrize("given", [
     {"copy": "merge"}, {"contexts": "unified"}, {"contexts": []}, {"contexts": ["shared"]},
     {"shared_copies": "yes"}, {"copy_unified": "swap"}, {"negative_shift": "clamped"}, ["merge"],
-    {"removal": "start_only"}, {"removal": True},
+    {"removal": "start_only"}, {"removal": True}, {"positions": "from_one"}, {"positions": None},
+    {"capacity": "unbounded"}, {"capacity": False},
 ])
 def test_a_policy_the_suite_cannot_judge_is_a_usage_error(given: Any) -> None:
     with pytest.raises(ModelPolicyError):
@@ -56,7 +60,9 @@ def test_limits_bound_models_and_contexts() -> None:
     assert "vocab 16 > max_vocab 8" in limits.model_problem(ModelConfig(head_width=32))
     assert limits.model_problem(ModelConfig(vocab=8, head_width=64)) is None
     assert limits.context_problem(ContextConfig(16, 3)) and limits.context_problem(ContextConfig(16, 2)) is None
-    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}, {"model_width_divisible_by_heads": 1}):
+    assert ModelLimits.of(adapter(model_limits={"micro_batch": 4})).micro_batch == 4
+    for bad in ({"max_heads": 0}, {"max_heads": True}, {"heads": 2}, {"model_width_divisible_by_heads": 1},
+                {"micro_batch": 5}, {"micro_batch": 0}, {"micro_batch": 3, "max_batch": 3}):
         assert declaration_problems(adapter(model_limits=bad))
     divisible = ModelLimits.of(adapter(model_limits={"model_width_divisible_by_heads": True}))
     assert "not a multiple of 2 heads" in divisible.model_problem(ModelConfig(model_width=5, heads=2, kv_heads=1))
@@ -140,6 +146,8 @@ def test_affine_groups_as_kv_storage_need_heads_the_group_divides() -> None:
 def test_sequence_operations_need_whole_model() -> None:
     problems = declaration_problems(adapter(capabilities=frozenset({"seq_copy", "seq_shift"})))
     assert problems == ["declares seq_copy, seq_shift without whole_model, the contexts they work on"]
+    assert declaration_problems(adapter(capabilities=frozenset({"multi_sequence_tokens"}))) == [
+        "declares multi_sequence_tokens without whole_model, the contexts they work on"]
 
 
 def test_a_cache_is_the_dtype_or_narrower_than_it() -> None:

@@ -285,6 +285,55 @@ def test_an_end_only_context_refuses_a_removal_that_leaves_cells_after_it_and_ch
     assert context.pos_max(0) == -1
 
 
+def test_a_context_numbering_positions_ignores_the_batch_s_and_runs_each_sequence_on_from_its_largest() -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    numbered = ModelContext(model, 16, 2, True, numbers_positions=True)
+    given = ModelContext(model, 16, 2, True)
+    logits = numbered.decode([1, 2, 3], [7, 7, 9], [0, 1, 0], [True] * 3)  # the positions given are not read
+    np.testing.assert_array_equal(logits, given.decode([1, 2, 3], [0, 0, 1], [0, 1, 0], [True] * 3))
+    for context in (numbered, given):
+        context.remove(0, 0, 1)  # sequence 0 holds position 1 alone: its next is 2, not its count of cells
+        context.shift(1, -1, -1, 3)
+    np.testing.assert_array_equal(numbered.decode([4, 5], [0, 0], [0, 1], [True] * 2),
+                                  given.decode([4, 5], [2, 4], [0, 1], [True] * 2))
+    numbered.remove(-1, -1, -1)
+    numbered.decode([6], [5], [1], [True])
+    assert (numbered.pos_min(1), numbered.pos_max(1)) == (0, 0)  # emptied, it starts again at 0
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_a_growing_context_takes_past_its_cells_what_a_larger_one_takes(unified: bool) -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    grown = ModelContext(model, 4, 2, unified, grows=True, shared_copies=False)
+    large = ModelContext(model, 64, 2, unified, shared_copies=False)
+    for context in (grown, large):
+        context.decode([1, 2, 3], [0, 1, 2], [0] * 3, [True] * 3)
+        context.copy(0, 1, -1, -1)
+        context.load(1, context.save(0))
+        context.remove(0, 1, 2)
+    np.testing.assert_array_equal(grown.decode([4, 5, 6, 7, 8], [3, 4, 5, 6, 3], [0, 0, 0, 0, 1], [True] * 5),
+                                  large.decode([4, 5, 6, 7, 8], [3, 4, 5, 6, 3], [0, 0, 0, 0, 1], [True] * 5))
+    assert grown.capacity > 4 and [grown.pos_max(s) for s in (0, 1)] == [6, 3]
+    with pytest.raises(errors.ContextFull):
+        ModelContext(model, 4, 2, unified).decode([1] * 5, list(range(5)), [0] * 5, [True] * 5)
+
+
+def test_a_token_of_several_sequences_is_one_cell_of_each_as_a_shared_copy_makes_it() -> None:
+    config = MODEL_PRESETS["tiny"]
+    model = LlamaModel(config, random_model_weights(config, 1))
+    shared, copied = ModelContext(model, 16, 3, True), ModelContext(model, 16, 3, True)
+    logits = shared.decode([1, 2, 3, 4], [0, 1, 2, 2], [(0, 2), (0, 2), 2, 0], [True] * 4)
+    np.testing.assert_array_equal(logits[:2], copied.decode([1, 2], [0, 1], [0, 0], [True] * 2))
+    copied.copy(0, 2, -1, -1)
+    np.testing.assert_array_equal(logits[2:], copied.decode([3, 4], [2, 2], [2, 0], [True] * 2))
+    assert int(shared.members.any(axis=2).sum()) == 4 and [shared.pos_max(s) for s in range(3)] == [2, -1, 2]
+    for bad in ([(0, 0)], [()], [(0, 3)]):
+        with pytest.raises(errors.MalformedBatch):
+            shared.decode([1], [3], bad, [True])
+
+
 def test_a_shift_past_max_positions_is_refused_before_anything_moves() -> None:
     config = MODEL_PRESETS["tiny"]  # 64 positions
     context = ModelContext(LlamaModel(config, random_model_weights(config, 1)), 16, 2, True)

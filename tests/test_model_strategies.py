@@ -96,6 +96,7 @@ class Watching(ModelReferenceAdapter):
         self.saved_from: dict[int, tuple[int, Any, int]] = {}  # a state's sequence, context, its changes then
         self.shifted: set[int] = set()
         self.changes: Counter[int] = Counter()  # calls that may change each context, by id
+        self.asked: dict[int, int] = {}  # the cells of each context's store when created, by id
 
     def _opened(self, p0: int, p1: int) -> None:
         self.seen["range open below -1 at its start"] += p0 < -1
@@ -105,23 +106,37 @@ class Watching(ModelReferenceAdapter):
         kind = "unified" if config.unified else "per_sequence"
         if kind not in self.model_policy["contexts"] or ModelLimits.of(self).context_problem(config):
             raise AssertionError(f"a {kind} context {config} outside the declaration")
-        return super().create_context(model, config)
+        self.seen["context of fewer than 10 cells"] += config.cells < 10
+        context = super().create_context(model, config)
+        self.asked[id(context)] = context.capacity
+        return context
 
     def decode_batch(self, context: Any, batch: Any) -> Any:
         if self.model_limits.get("max_batch", 99) < len(batch.tokens):
             raise AssertionError(f"a batch of {len(batch.tokens)} tokens past max_batch")
         holding = any(context.pos_max(s) >= 0 for s in range(context.sequences))
+        named = [batch.sequences_of(i) for i in range(len(batch.tokens))]
+        if all(0 <= s < context.sequences for n in named for s in n):  # else malformed by its sequence first
+            for seq in {s for n in named for s in n}:
+                mine = [p for p, n in zip(batch.positions, named) if seq in n]
+                start = mine[0] if context.pos_max(seq) < 0 else context.pos_max(seq) + 1
+                self.seen["empty sequence started past 0"] += context.pos_max(seq) < 0 and start != 0
+                self.seen["positions not running on"] += mine != list(range(start, start + len(mine)))
         self.changes[id(context)] += 1
         self.seen["numpy ids"] += all(isinstance(t, np.integer) for t in batch.tokens)
+        self.seen["token of several sequences"] += batch.several_sequences
+        self.seen["batch of more than 4 tokens"] += len(batch.tokens) > 4
         try:
             result = super().decode_batch(context, batch)
         except errors.MalformedBatch:
             self.seen["malformed batch on a context holding cells"] += holding
+            self.seen["malformed token of several sequences"] += batch.several_sequences
             raise
         except errors.ContextFull:
             self.seen["full"] += 1
             raise
         self.seen["batch mixing sequences"] += len(set(batch.sequences)) > 1
+        self.seen["decoded past the cells asked for"] += context.capacity > self.asked.get(id(context), 1 << 30)
         self.seen["decode after a shift"] += bool(self.shifted & set(batch.sequences))
         self.shifted -= set(batch.sequences)
         return result
@@ -187,6 +202,8 @@ def test_programs_reach_every_situation() -> None:
     for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
                       "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
+                      "empty sequence started past 0", "positions not running on", "token of several sequences",
+                      "malformed token of several sequences",
                       "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 
@@ -197,3 +214,28 @@ def test_programs_stay_within_a_narrow_declaration() -> None:
     adapter.model_limits = LIMITS
     seen = watched_run(adapter)
     assert seen["range copy"] == 0 and seen["copy into a non-empty sequence"] >= 1, dict(seen)
+    assert seen["token of several sequences"] == 0, dict(seen)  # per-sequence contexts: never drawn
+
+
+@pytest.mark.slow
+def test_where_the_engine_numbers_positions_every_empty_sequence_starts_at_0() -> None:
+    """``positions: from_zero``: no batch starts an empty sequence past 0, and none has positions that do not run
+    on (the engine cannot be handed positions); the batches the reference then numbers itself are the ones drawn."""
+    seen = watched_run(Watching(positions="from_zero"))
+    assert seen["empty sequence started past 0"] == 0 and seen["positions not running on"] == 0, dict(seen)
+    assert seen["malformed batch on a context holding cells"] >= 3 and seen["batch mixing sequences"] >= 3, dict(seen)
+
+
+@pytest.mark.slow
+def test_where_the_context_grows_batches_go_past_its_cells_and_none_is_full() -> None:
+    seen = watched_run(Watching(capacity="grows"))
+    assert seen["full"] == 0 and seen["decoded past the cells asked for"] >= 3, dict(seen)
+    assert watched_run(Watching())["decoded past the cells asked for"] == 0
+
+
+@pytest.mark.slow
+def test_a_declared_micro_batch_is_split_by_the_batches_drawn_into_contexts_that_hold_them() -> None:
+    adapter = Watching()
+    adapter.model_limits = {"micro_batch": 4}
+    seen = watched_run(adapter)
+    assert seen["batch of more than 4 tokens"] >= 20 and seen["context of fewer than 10 cells"] == 0, dict(seen)

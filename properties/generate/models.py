@@ -70,10 +70,13 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
 
 
 def context_cells(unified: bool, sequences: int, limits: ModelLimits) -> tuple[int, int]:
-    """The fewest and most cells the suite asks of a context: 6-16 (per-sequence: at least 3 for each), within
-    ``max_cells``."""
+    """The fewest and most cells the suite asks of a context: 6-16 (per-sequence: at least 3 for each; with a
+    ``micro_batch`` u, at least 2u + 2: a batch of 2u + 1 tokens fits), within ``max_cells``."""
     most = _bounded(MAX_CELLS, limits.max_cells)
-    return min(most, 6 if unified else 3 * sequences), most
+    least = 6 if unified else 3 * sequences
+    if limits.micro_batch is not None:
+        least = max(least, 2 * limits.micro_batch + 2)
+    return min(most, least), most
 
 
 @st.composite

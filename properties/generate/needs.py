@@ -83,6 +83,12 @@ DECLARATIONS: dict[str, Declaration] = {
     # a program that never shifted a cell below 0 is valid where such a shift removes it
     "model_policy.negative_shift": Declaration(lambda a: ModelPolicy.of(a).negative_shift,
                                                lambda recorded, here: recorded in (here, "not_drawn")),
+    # every empty sequence started at 0, no batch drawn whose positions do not run on: a program drawn so is one
+    # an engine taking the caller's positions can be handed too, not the other way round
+    "model_policy.positions": Declaration(lambda a: ModelPolicy.of(a).positions,
+                                          lambda recorded, here: recorded in (here, "from_zero")),
+    # room judged against context_cells, or none: the chains that fill a store draw otherwise
+    "model_policy.capacity": Declaration(lambda a: ModelPolicy.of(a).capacity),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),

@@ -13,7 +13,10 @@ shifts past ``max_positions`` (outside the model: judged only by §5.1); saves a
 id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
 the room, operations on unknown sequences; and, each set up whole in one rule, the chains engines get wrong (a
 load where the room is short, a save with a move pending, a move then a batch past the room, three sequences
-over one copy, a save after storage and position orders diverge: docs/spec.md §11.1). Every logit asked for is
+over one copy, a save after storage and position orders diverge: docs/spec.md §11.1). As declared: prompts
+shared by several sequences (``multi_sequence_tokens``), batches longer than the engine's ``micro_batch``, every
+empty sequence started at 0 (``positions: from_zero``), contexts that grow past their cells (``capacity:
+grows``). Every logit asked for is
 compared with the oracle, and after every rule every sequence's smallest and largest positions. A call that
 raised must change nothing: the positions are compared at once, the cells by the logits of what comes next.
 """
@@ -41,7 +44,10 @@ from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
 from .base import ConformanceMachine
 
 KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "refused": ErrorKind.REFUSED}
-MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
+MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence",
+                 "unknown sequence among several")  # the last: a token of several sequences, one not the context's
+POSITIONS = "model_policy.positions"  # every program's starts and malformations are drawn under it
+CAPACITY = "model_policy.capacity"  # and its fills and batches past the room
 RANGES = ("all", "to the end", "from the start", "in the middle")
 OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
 INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
@@ -75,7 +81,7 @@ class ModelMachine(ConformanceMachine):
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    @initialize(data=st.data())
+    @initialize(data=st.data(), relies_on=[POSITIONS, CAPACITY])
     def build_model_and_context(self, data: Draws) -> None:
         """A tiny model of a declared RoPE pairing, and a context of a declared kind."""
         self.config = data.draw(g.model_configs(self.capabilities, self.model_limits), label="model")
@@ -105,13 +111,16 @@ class ModelMachine(ConformanceMachine):
         config = self.context_config
         self.context = self.must("create a context", lambda: self.adapter.create_context(self.model, config))
         cells = self.must("the context's cells", lambda: self.adapter.context_cells(self.context))
-        if not isinstance(cells, int) or cells < config.stream_cells:
-            raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least "
-                                 f"{config.stream_cells} cells per store", kind="too few cells", check="cells")
+        # a growing context reports the cells it has now, and they bound nothing (docs/spec.md §15.2)
+        least = 0 if self.grows else config.stream_cells
+        if not isinstance(cells, int) or isinstance(cells, bool) or cells < least:
+            raise NonConformance(f"context_cells is {cells!r}, but a context of {config} has at least {least} cells "
+                                 "per store", kind="too few cells", check="cells")
         self.tape.observe("context cells", cells)  # what is past the room depends on it: replay compares it
         copy = self.policy.copy_into_nonempty(config.unified)
         self.oracles = [CellContext(model, config, shared_copies=self.policy.shared_copies, copy_into_nonempty=copy,
-                                    stream_cells=cells) for model in self.oracle_models]
+                                    stream_cells=config.stream_cells if self.grows else cells, grows=self.grows)
+                        for model in self.oracle_models]
         # a shift or divide since the last decode: an engine that moves keys lazily (llama.cpp's K-shift, applied
         # at the next decode) still has it to apply
         self.move_pending = False
@@ -119,6 +128,11 @@ class ModelMachine(ConformanceMachine):
     @property
     def sequences(self) -> int:
         return self.context_config.max_sequences
+
+    @property
+    def grows(self) -> bool:
+        """No capacity limit (``capacity: grows``): the cells a context was asked for are only what it starts with."""
+        return self.policy.capacity == "grows"
 
     @property
     def whole_copies_only(self) -> bool:
@@ -171,8 +185,11 @@ class ModelMachine(ConformanceMachine):
     # -- batches ---------------------------------------------------------------------------------------------
 
     def _next_position(self, seq: int, data: Draws) -> int:
+        """Where ``seq``'s next token goes: after its largest position; an empty sequence starts at 0-3, or at 0 where
+        the engine numbers positions itself (``positions: from_zero``)."""
         held = self.oracles[0].pos_max(seq)
-        return held + 1 if held >= 0 else data.draw(st.integers(0, 3), label=f"sequence {seq} starts at")
+        latest = 0 if self.policy.positions == "from_zero" else 3
+        return held + 1 if held >= 0 else data.draw(st.integers(0, latest), label=f"sequence {seq} starts at")
 
     def _batch(self, data: Draws, chosen: list[int], counts: list[int], *, mixed: bool) -> ModelBatch:
         """``counts[i]`` tokens of sequence ``chosen[i]`` at its next positions, in order or interleaved."""
@@ -242,13 +259,69 @@ class ModelMachine(ConformanceMachine):
             self.exercised("interleaved in a per-sequence context")
         self._decode(f"a batch of sequences {chosen}", self._batch(data, chosen, counts, mixed=interleaved))
 
+    @rule(data=st.data(), requires=[Capability.MULTI_SEQUENCE_TOKENS],
+          when=lambda self: self.context_config.unified and self.sequences > 1)
+    def shared_prompt(self, data: Draws) -> None:
+        """A prompt decoded once for two or three empty sequences (every context cleared first if fewer are
+        empty): each token one cell all of them hold (llama.cpp's ``n_seq_id > 1``), then, in the same batch or
+        not at all, a token of each of its own. Each sees the shared cells; later operations on one leave the
+        others holding them, as after a shared copy."""
+        empty = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) < 0]
+        if len(empty) < 2:
+            self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
+            empty = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) < 0]
+            if len(empty) < 2:  # the clear raised: nothing to share
+                return
+        sharing = tuple(sorted(data.draw(st.lists(st.sampled_from(empty), min_size=2, max_size=len(empty),
+                                                  unique=True), label="sharing")))
+        own = data.draw(st.booleans(), label="own tokens after")
+        most = max(1, min(MAX_PROMPT, self.max_batch - (len(sharing) if own else 0)))
+        count = data.draw(st.integers(1, most), label="tokens")
+        start = self._next_position(sharing[0], data)
+        shared = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
+                           label="shared tokens")
+        entries: list[tuple[int, int, Any]] = [(t, start + i, sharing) for i, t in enumerate(shared)]
+        if own and count + len(sharing) <= self.max_batch:
+            after = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=len(sharing),
+                                       max_size=len(sharing)), label="own tokens")
+            entries += [(t, start + count, seq) for t, seq in zip(after, sharing)]
+        wanted = data.draw(st.lists(st.booleans(), min_size=len(entries), max_size=len(entries)), label="logits of")
+        wanted[-1] = True
+        self.exercised("prompt shared by several sequences")
+        self._decode(f"a prompt shared by sequences {list(sharing)}",
+                     ModelBatch(tuple(t for t, _, _ in entries), tuple(p for _, p, _ in entries),
+                                tuple(s for _, _, s in entries), tuple(wanted)))
+
+    @rule(data=st.data(), when=lambda self: self.model_limits.micro_batch is not None)
+    def batch_across_micro_batches(self, data: Draws) -> None:
+        """A batch longer than the declared micro_batch u (u + 1 to 2u + 1 tokens, of one sequence or several,
+        in order or interleaved), which the engine computes in parts: each part sees the parts before it, the
+        logits come back in batch order, and a part without room undoes the parts before it (all or nothing)."""
+        micro = self.model_limits.micro_batch or 1
+        total = data.draw(st.integers(micro + 1, max(micro + 1, min(2 * micro + 1, self.max_batch))), label="tokens")
+        chosen = data.draw(st.lists(st.integers(0, self.sequences - 1), min_size=1,
+                                    max_size=min(self.sequences, total), unique=True), label="sequences")
+        counts = [total // len(chosen) + (i < total % len(chosen)) for i in range(len(chosen))]
+        batch = self._batch(data, chosen, counts, mixed=data.draw(st.booleans(), label="interleaved"))
+        if len(batch.tokens) > micro:
+            oracle = self.oracles[0]
+            room = min(oracle.free(oracle.store_of(seq)) for seq in chosen)
+            self.exercised("batch split into micro-batches" if len(batch.tokens) <= room or self.grows
+                           else "batch split into micro-batches, past the room")
+        self._decode(f"a batch of {len(batch.tokens)} tokens of sequences {chosen}, past the micro-batch of {micro}",
+                     batch)
+
     @rule(data=st.data())
     def malformed_batch(self, data: Draws) -> None:
         """A batch with a token outside the vocabulary, positions that do not run on one by one, or an unknown
-        sequence: malformed_batch (judged with validates_model_batch), changing nothing."""
+        sequence (alone, or among the sequences of a token of several, where ``multi_sequence_tokens`` is declared):
+        malformed_batch (judged with validates_model_batch), changing nothing. Where the engine numbers
+        positions itself (``positions: from_zero``) it cannot be handed positions, so none that do not run on."""
         seq = self._a_sequence(data)
         batch = self._batch(data, [seq], [data.draw(st.integers(1, 3), label="tokens")], mixed=False)
-        problem = data.draw(st.sampled_from(MALFORMATIONS), label="malformation")
+        offered = [m for m in MALFORMATIONS if (m != MALFORMATIONS[1] or self.policy.positions == "given") and (
+            m != MALFORMATIONS[3] or (self.has(Capability.MULTI_SEQUENCE_TOKENS) and self.context_config.unified))]
+        problem = data.draw(st.sampled_from(offered), label="malformation")
         index = data.draw(st.integers(0, len(batch.tokens) - 1), label="index")
         fields = {"tokens": list(batch.tokens), "positions": list(batch.positions), "sequences": list(batch.sequences)}
         if problem == MALFORMATIONS[0]:
@@ -264,8 +337,8 @@ class ModelMachine(ConformanceMachine):
             else:
                 fields["positions"][index] += data.draw(st.sampled_from([1, 2]), label="gap")
         else:
-            fields["sequences"][index] = data.draw(st.sampled_from([self.sequences, self.sequences + 1, -1]),
-                                                   label="sequence id")
+            bad = data.draw(st.sampled_from([self.sequences, self.sequences + 1, -1]), label="sequence id")
+            fields["sequences"][index] = bad if problem == MALFORMATIONS[2] else (seq, bad)
         broken = ModelBatch(tuple(fields["tokens"]), tuple(fields["positions"]), tuple(fields["sequences"]),
                             batch.logits[:len(fields["tokens"])])
         self._decode(f"a batch with {problem}", broken)
@@ -273,7 +346,7 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data())
     def batch_past_the_room(self, data: Draws) -> None:
         """More tokens for one sequence's store than it has free cells: full (judged with fixed_capacity),
-        changing nothing."""
+        changing nothing; declared capacity grows, past the cells the context was asked for, and it must succeed."""
         self._past_the_room(data, self._a_sequence(data))
 
     def _past_the_room(self, data: Draws, seq: int) -> None:
@@ -284,14 +357,19 @@ class ModelMachine(ConformanceMachine):
                 st.just(True), "fill the store first", False):  # a trace of an earlier suite did not
             self._fill(data, seq, self.max_batch - 2, self._sharing_the_store(seq))
             oracle = self.oracles[0]
-        free = oracle.free(oracle.store_of(seq))
+        free = oracle.free(oracle.store_of(seq))  # growing: below 0 once past the cells asked for
         start = self._next_position(seq, data)
-        count = free + data.draw(st.integers(1, 2), label="past the room by")
+        count = max(free, 0) + data.draw(st.integers(1, 2), label="past the room by")
         if count > self.max_batch or start + count > POSITION_CEILING:
             return  # not drawable within max_batch and the positions: nothing asked
         tokens = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
                            label="tokens")
-        self.exercised("room exceeded with a move pending" if self.move_pending else "room exceeded")
+        if self.grows:
+            self.exercised("grown past the cells asked for")
+        elif self.model_limits.micro_batch is not None and free >= self.model_limits.micro_batch:
+            self.exercised("room exceeded after a micro-batch that fits")
+        else:
+            self.exercised("room exceeded with a move pending" if self.move_pending else "room exceeded")
         self._decode(f"{count} tokens into sequence {seq} with {free} free cells",
                      ModelBatch.of_sequence(seq, tokens, start, all_logits=False))
 
@@ -321,7 +399,8 @@ class ModelMachine(ConformanceMachine):
         """``seq`` prompted first if it holds fewer than ``at_least`` cells (as far as its store has room)."""
         oracle = self.oracles[0]
         missing = at_least - len(oracle.cells_of(seq))
-        room = min(oracle.free(oracle.store_of(seq)), POSITION_CEILING - 1 - oracle.pos_max(seq) - 3)
+        free = POSITION_CEILING if self.grows else oracle.free(oracle.store_of(seq))
+        room = min(free, POSITION_CEILING - 1 - oracle.pos_max(seq) - 3)
         if missing > 0 and room > 0:
             count = min(max(missing, data.draw(st.integers(1, MAX_PROMPT), label="tokens")), room)
             self._decode(f"prompt of sequence {seq}", self._batch(data, [seq], [count], mixed=False))
@@ -518,7 +597,10 @@ class ModelMachine(ConformanceMachine):
                                           lambda o: o.load(seq, next(states)),
                                           lambda: self.adapter.load_sequence(self.context, seq, state), seq=seq,
                                           saved=index)
-        if count > free + own:
+        if self.grows:
+            if count > free and judged.to_judge:
+                self.exercised("load past the cells asked for")
+        elif count > free + own:
             self.exercised("load refused for room")
         elif count > free:
             self.exercised("load fits by freeing its own cells")

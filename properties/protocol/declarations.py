@@ -240,7 +240,7 @@ def declaration_problems(adapter: Any) -> list[str]:
         LayerLimits.of(adapter)
     except TypeError as error:
         problems.append(str(error))
-    operations = sorted(capabilities & set(SEQUENCE_OPERATIONS))
+    operations = sorted(capabilities & {*SEQUENCE_OPERATIONS, Capability.MULTI_SEQUENCE_TOKENS.value})
     if Capability.WHOLE_MODEL.value not in capabilities:
         if operations:
             problems.append(f"declares {', '.join(operations)} without whole_model, the contexts they work on")

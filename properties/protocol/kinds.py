@@ -113,6 +113,8 @@ class Capability(str, Enum):
     SEQ_DIVIDE = "seq_divide"  # seq_divide(ctx, seq, p0, p1, d): positions integer-divided by d
     SEQ_STATE = "seq_state"  # save_sequence / load_sequence: one sequence's cells out and back in (any context)
     VALIDATES_MODEL_BATCH = "validates_model_batch"  # rejects a malformed batch with malformed_batch
+    # a batch token may name several sequences (a tuple of ids): one cell they all hold (llama.cpp's n_seq_id > 1)
+    MULTI_SEQUENCE_TOKENS = "multi_sequence_tokens"
     VALIDATES_SEQUENCE_OPS = "validates_sequence_ops"  # rejects an out-of-range operation argument with refused
 
 

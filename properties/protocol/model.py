@@ -64,7 +64,14 @@ COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: kee
 # whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
 FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
+# the suite's batches hold at most 8 tokens: a micro-batch of at most 4 is split at least once by the longest
+MAX_MICRO_BATCH = 4
 REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
+# a batch's positions: given by the caller (an empty sequence may start anywhere); or numbered by the engine itself,
+# an empty sequence from 0 and each next token at the sequence's largest position + 1 (llama.cpp with batch.pos NULL)
+POSITIONS = ("given", "from_zero")
+# a store of context_cells cells, past which a batch, duplicating copy or load is full; or no capacity limit
+CAPACITIES = ("fixed", "grows")
 
 
 class ModelPolicyError(TypeError):
@@ -92,6 +99,14 @@ class ModelPolicy:
       would leave cells of the sequence after the range may be refused with ``refused``, changing nothing:
       llama.h's "Returns false if a partial sequence cannot be removed", transformers' ``crop``); removals to
       the end and of whole sequences must still succeed, and the suite expects refusal or success of the rest.
+    - ``positions``: ``"given"`` (the engine takes each token's position from the batch; an empty sequence may
+      start at any position) or ``"from_zero"`` (the engine takes no position from the caller: an empty sequence
+      starts at 0, each next token at the sequence's largest position + 1). ``from_zero``: the suite starts every
+      empty sequence at 0 and draws no batch whose positions do not run on (the engine cannot be handed one).
+    - ``capacity``: ``"fixed"`` (a store has ``context_cells`` cells; a batch, a duplicating copy or a load past
+      its free cells is ``full``, judged where ``fixed_capacity`` is declared) or ``"grows"`` (no capacity limit:
+      none of them is ever full, each must succeed, past the cells the context was asked for too;
+      ``context_cells`` reports the cells it has now, an int >= 0, and bounds nothing).
     """
 
     contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
@@ -101,6 +116,8 @@ class ModelPolicy:
     negative_shift: str = "removed"
     refuses_shift: bool = False
     removal: str = "any"
+    positions: str = "given"
+    capacity: str = "fixed"
 
     @classmethod
     def of(cls, adapter: Any) -> ModelPolicy:
@@ -121,7 +138,8 @@ class ModelPolicy:
             if not isinstance(given.get(name, False), bool):
                 raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
         for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
-                              ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS)):
+                              ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS),
+                              ("positions", POSITIONS), ("capacity", CAPACITIES)):
             if name in given and given[name] not in allowed:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
         return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
@@ -134,7 +152,8 @@ class ModelPolicy:
         """For reports and failure messages."""
         return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
                 "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
-                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal}
+                "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal,
+                "positions": self.positions, "capacity": self.capacity}
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,9 @@ class ModelLimits:
     max_cells: int | None = None
     max_sequences: int | None = None
     max_batch: int | None = None  # tokens of one decode call (llama.cpp's n_batch)
+    # the tokens the engine computes at once, splitting a longer batch (llama.cpp's n_ubatch, configured small):
+    # the suite then draws batches longer than it, and contexts that hold them
+    micro_batch: int | None = None
     # the model width a multiple of the heads (transformers' LlamaConfig refuses another, head_dim given or not)
     model_width_divisible_by_heads: bool = False
 
@@ -178,6 +200,13 @@ class ModelLimits:
         limits = cls(**given)
         if limits.min_vocab is not None and limits.max_vocab is not None and limits.min_vocab > limits.max_vocab:
             raise ModelPolicyError(f"model_limits: min_vocab {limits.min_vocab} > max_vocab {limits.max_vocab}")
+        if limits.micro_batch is not None and limits.micro_batch > MAX_MICRO_BATCH:
+            raise ModelPolicyError(f"model_limits: micro_batch {limits.micro_batch}: the suite's batches of at most 8 "
+                                   f"tokens split only a micro-batch of at most {MAX_MICRO_BATCH}; configure your "
+                                   "engine's smaller (llama.cpp: n_ubatch)")
+        if limits.micro_batch is not None and limits.max_batch is not None and limits.max_batch <= limits.micro_batch:
+            raise ModelPolicyError(f"model_limits: max_batch {limits.max_batch} <= micro_batch {limits.micro_batch}: "
+                                   "no batch could be split")
         return limits
 
     def described(self) -> dict[str, Any]:
@@ -377,7 +406,7 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "REMOVALS",
-           "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
-           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along", "declared_kv_format",
-           "declared_kv_storage", "described_kv_storage", "model_methods"]
+__all__ = ["CAPACITIES", "CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS",
+           "REMOVALS", "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch",
+           "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along",
+           "declared_kv_format", "declared_kv_storage", "described_kv_storage", "model_methods"]
