@@ -55,7 +55,7 @@ class LenientContext(ModelContext):
 
 class AcceptsWhatItDoesNotClaim(ModelReferenceAdapter):
     name = "accepts-what-it-does-not-claim"
-    capabilities = ModelReferenceAdapter.capabilities - UNCLAIMED
+    capabilities = ModelReferenceAdapter.capabilities - UNCLAIMED - {"multi_sequence_tokens"}  # one id a token
 
     def create_context(self, model: Any, config: Any) -> ModelContext:
         return LenientContext(model, config.cells, config.max_sequences, config.unified,

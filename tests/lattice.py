@@ -355,6 +355,7 @@ class FirstSequenceOnly(ReferenceAdapter):
 
 
 MODEL_ONLY = declared(ModelReferenceAdapter.capabilities) - {"float64"}
+SHARED_TOKENS = {"multi_sequence_tokens"}  # the accepting engine (tests/accepting.py) takes one sequence a token
 
 
 def _low_precision(kv_storage: str, stored: str = "float16") -> Declared:
@@ -421,7 +422,7 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     "model-shifts-past-the-model": lambda: Declared("model-shifts-past-the-model", MODEL_ONLY,
                                                     make_unbounded_shift_model_adapter(), layer_caches=False),
     # claims no batch or sequence-operation validation and no fixed capacity, and accepts every such input (§5.5)
-    "model-accepts-unclaimed": lambda: Declared("model-accepts-unclaimed", MODEL_ONLY - UNCLAIMED,
+    "model-accepts-unclaimed": lambda: Declared("model-accepts-unclaimed", MODEL_ONLY - UNCLAIMED - SHARED_TOKENS,
                                                 AcceptsWhatItDoesNotClaim(), layer_caches=False),
     # more cells per store than asked (llama.cpp pads n_ctx), reported (§15.2)
     "model-cells-rounded-up": lambda: Declared("model-cells-rounded-up", MODEL_ONLY, RoundsCellsUp(),
@@ -473,7 +474,7 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
     # accepts what it claims to reject: a malformed batch, an unknown sequence, a batch past the room
     "model-accepts-unclaimed-claims-validation": (lambda: Declared(
-        "twin-accepts-claims-validation", MODEL_ONLY, AcceptsWhatItDoesNotClaim(), layer_caches=False), "model", {},
+        "twin-accepts-claims-validation", MODEL_ONLY - SHARED_TOKENS, AcceptsWhatItDoesNotClaim(), layer_caches=False), "model", {},
         "expected"),
     # rounds up but reports the cells asked for: a batch past that room is accepted
     "model-cells-rounded-up-reports-the-cells-asked": (lambda: Declared(

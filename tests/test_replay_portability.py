@@ -22,7 +22,8 @@ from tests.lattice import variant
 ROOT = Path(__file__).resolve().parent.parent
 REGRESSIONS = ROOT / "properties" / "regressions"
 OOV = "impl-mutant-model_shift_not_re_rotated-model_model-859bcdbb72.json"  # a token out of the vocabulary at step 2
-PAST_THE_ROOM = "impl-mutant-model_load_keeps_own_cells-model_model-827de6c2aa.json"  # batches past the room, then more
+# batches past the room, then more: the corpus trace as recorded before model traces recorded their capacity
+PAST_THE_ROOM = "../../tests/replay-cases/impl-mutant-model_load_keeps_own_cells-model_model-827de6c2aa.json"
 FULL = "impl-mutant-model_decode_writes_then_raises_full-model_model-f8efdbb3ee.json"  # one batch past the room
 
 
