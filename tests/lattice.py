@@ -474,7 +474,8 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
     # accepts what it claims to reject: a malformed batch, an unknown sequence, a batch past the room
     "model-accepts-unclaimed-claims-validation": (lambda: Declared(
-        "twin-accepts-claims-validation", MODEL_ONLY - SHARED_TOKENS, AcceptsWhatItDoesNotClaim(), layer_caches=False), "model", {},
+        "twin-accepts-claims-validation", MODEL_ONLY - SHARED_TOKENS, AcceptsWhatItDoesNotClaim(), layer_caches=False),
+        "model", {},
         "expected"),
     # rounds up but reports the cells asked for: a batch past that room is accepted
     "model-cells-rounded-up-reports-the-cells-asked": (lambda: Declared(
