@@ -174,7 +174,9 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     def build() -> recording.TracedMachine:
         if budget is not None:  # may raise BudgetSpent: before the example, never after a failure
             budget.before_example(result.runs, failed=failed())
-        if result.first_failing is None and NonConformance.raised > raised_before:
+        # this search's own failure, not an example discarded for a cause set aside: the shrink budget counts
+        # from it, as Hypothesis's does (a discarded example is no failure to it)
+        if result.first_failing is None and failed():
             result.first_failing = result.runs
             failed_at.append(time.monotonic())
         result.runs += 1
