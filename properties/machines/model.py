@@ -37,6 +37,10 @@ KINDS = {"full": ErrorKind.FULL, "malformed_batch": ErrorKind.MALFORMED_BATCH, "
 MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "unknown sequence")
 RANGES = ("all", "to the end", "from the start", "in the middle")
 SAVED = 3  # saved sequences kept for later loads
+# A save as it is, or on purpose followed at once by a load of it under another id: a context that keeps a loaded
+# sequence where the saved one was (the first sequence's store, say) shows only there, and a load needs a save before
+# it in the same program.
+SAVES = ("a save", "a save, then a load of it under another id")
 
 
 class ModelMachine(ConformanceMachine):
@@ -399,17 +403,22 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE])
     def save(self, data: Draws) -> None:
-        """One sequence's cells saved, for a later load."""
+        """One sequence's cells saved, for a later load; on purpose (``SAVES``), loaded at once under another id."""
         seq = self._a_sequence(data)
         judged, results = self._operation(f"save sequence {seq}", lambda o: o.save(seq),
                                           lambda: self.adapter.save_sequence(self.context, seq), seq=seq)
         if results is not None and judged.to_judge:
             self.saved = [*self.saved, (judged.value, results, len(results[0].cells))][-SAVED:]
+            if self.sequences >= 2 and data.optional(g.on_purpose(*SAVES), "saves", SAVES[0]) == SAVES[1]:
+                other = data.draw(st.sampled_from([s for s in range(self.sequences) if s != seq]), label="under")
+                self._load_saved(len(self.saved) - 1, other, "this context")
 
     def _load(self, data: Draws, where: str) -> None:
         index = data.draw(st.integers(0, len(self.saved) - 1), label="saved")
+        self._load_saved(index, self._a_sequence(data), where)
+
+    def _load_saved(self, index: int, seq: int, where: str) -> None:
         state, oracle_states, count = self.saved[index]
-        seq = self._a_sequence(data)
         states = iter(oracle_states)
         self._operation(f"load {count} saved cells into sequence {seq} of {where}",
                         lambda o: o.load(seq, next(states)),
