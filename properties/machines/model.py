@@ -403,7 +403,7 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE])
     def save(self, data: Draws) -> None:
-        """One sequence's cells saved, for a later load; on purpose (``SAVES``), loaded at once under another id."""
+        """One sequence's cells saved, for a later load; on purpose, loaded at once under another id (``SAVES``)."""
         seq = self._a_sequence(data)
         judged, results = self._operation(f"save sequence {seq}", lambda o: o.save(seq),
                                           lambda: self.adapter.save_sequence(self.context, seq), seq=seq)
