@@ -2,6 +2,7 @@
 
     python bench/run.py                       # step, suite, mutants
     python bench/run.py --only step           # a subset
+    python bench/run.py --only power --seeds 5 --mutants reorder_along_the_head_axis
 
 - step: the reference ``forward_incremental`` (B 1, H 8, dh 64, D 512) at
   lengths 256..4096, against recomputing the full prefix with the same
@@ -47,6 +48,9 @@
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 - chains: the model machine with the reference's full declaration, 20 random dev runs: each chain case's
   count per run (min, median, runs under 3), and the largest share of a run's steps one rule took.
+- power: every mutant under ``--seeds N`` random seeds (default 20) at its ci budget, no shrinking: its kill
+  rate, median and worst example, weakest first, and the CPU seconds (``--mutants a,b`` for a subset; hours for
+  all: only with --only).
 """
 
 from __future__ import annotations
@@ -162,6 +166,66 @@ def bench_mutants() -> None:
               f"{caught.shrunk_steps:5} {seconds:7.1f}  {caught.message[:90]}")
     print(f"killed {len(MUTANTS) - len(survivors)} of {len(MUTANTS)}"
           + (f"; survived: {survivors}" if survivors else ""))
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it waited for (an isolated adapter's engine)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_power(seeds: int = 20, names: list[str] | None = None) -> None:
+    """Each visible mutant (tests/mutants.py) under ``seeds`` random seeds at its ci budget (the ci profile, its own
+    max_examples, random instead of derandomised; no shrinking: only the kill is measured): how often it is
+    killed, and at which example (summed over its machine runs, as ``kill`` runs them), weakest first. A check
+    that kills a mutant in 17 seeds of 20 passes CI or not by the luck of its seed: raise it by a hard case."""
+    from hypothesis import Phase
+
+    import conftest  # noqa: F401  (registers the Hypothesis profiles)
+    from kvcache_conformance.judge.failures import NonConformance
+    from kvcache_conformance.run import profiles, selection
+    from kvcache_conformance.run.runner import run_machine
+    from tests.mutants import MUTANTS, build, runs_for
+
+    chosen = [m for m in MUTANTS if names is None or m.name in names]
+    unknown = set(names or ()) - {m.name for m in chosen}
+    if unknown:
+        raise SystemExit(f"no such mutant: {', '.join(sorted(unknown))}")
+    print(f"power: {len(chosen)} mutants x {seeds} random seeds at each one's ci budget (no shrinking)")
+    directory = Path(tempfile.mkdtemp())
+    cpu_before = _cpu_seconds()
+    rows = []
+    for mutant in chosen:
+        spec = build(mutant, directory)
+        adapter: Any = selection.load_adapter(spec)
+        searching = profiles.settings_for("ci", derandomize=False, database=None, report_multiple_bugs=False,
+                                          print_blob=False, max_examples=mutant.examples,
+                                          phases=(Phase.explicit, Phase.generate))
+        start, kills = time.perf_counter(), []
+        for _ in range(seeds):
+            examples = 0
+            for family, machine, parameters in runs_for(mutant):
+                result = run_machine(machine, adapter, property_id=f"{machine}[{family}]", parameters=parameters,
+                                     settings=searching)
+                if isinstance(result.failure, NonConformance):
+                    kills.append(examples + (result.first_failing or result.runs))
+                    break
+                if result.failure is not None:
+                    raise result.failure
+                examples += result.runs
+        rows.append((mutant.name, mutant.examples, kills, time.perf_counter() - start))
+        print(f"  {mutant.name}: killed {len(kills)}/{seeds}" + (f", median example {statistics.median(kills):g}"
+                                                                if kills else ""), flush=True)
+    cpu = _cpu_seconds() - cpu_before
+    rows.sort(key=lambda row: (len(row[2]), -(statistics.median(row[2]) if row[2] else 0.0)))
+    print(f"\n{'mutant (weakest first)':44} {'budget':>6} {'killed':>7} {'rate':>5} {'median':>6} {'max':>5} "
+          f"{'seconds':>7}")
+    for name, budget, kills, seconds in rows:
+        median = f"{statistics.median(kills):6g}" if kills else f"{'-':>6}"
+        most = f"{max(kills):5}" if kills else f"{'-':>5}"
+        print(f"{name:44} {budget:6} {len(kills):3}/{seeds:<3} {len(kills) / seeds:5.2f} {median} {most} "
+              f"{seconds:7.1f}")
+    print(f"total CPU {cpu:.0f} s ({cpu / max(1, len(chosen) * seeds):.1f} s a mutant and seed)")
 
 
 def bench_first_failure() -> None:
@@ -594,16 +658,22 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "chains": bench_chains, "shipped": bench_shipped}
-ON_REQUEST = ("shipped",)  # hours, not minutes: only with --only
+           "causes": bench_causes, "chains": bench_chains, "shipped": bench_shipped, "power": bench_power}
+ON_REQUEST = ("shipped", "power")  # hours, not minutes: only with --only
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
                         help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
-    for name in parser.parse_args().only.split(","):
-        BENCHES[name.strip()]()
+    parser.add_argument("--seeds", type=int, default=20, help="power: random seeds per mutant (default 20)")
+    parser.add_argument("--mutants", default=None, help="power: comma-separated mutant names (default: all)")
+    options = parser.parse_args()
+    for name in options.only.split(","):
+        if name.strip() == "power":
+            bench_power(options.seeds, options.mutants.split(",") if options.mutants else None)
+        else:
+            BENCHES[name.strip()]()
         print()
 
 

@@ -163,3 +163,35 @@ def test_wrong_logits_of_a_prefill_longer_than_the_window_are_a_cause_apart_wher
                          shrink_seconds=1.0)
     assert isinstance(result.failure, NonConformance), result.failure
     assert result.failure.check == (LONG_PREFILL_LOGITS if long and declared else "logits"), result.failure
+
+
+@pytest.mark.slow  # two searches of the window operations property against a mutant with two bugs
+def test_a_search_past_a_cause_counts_its_first_failure_from_its_own_not_from_a_discarded_example(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``first_failing`` (and the shrink budget's label, which counts from the same moment) is the first example
+    this search failed, not the first it discarded for a cause already found: those fail all the time."""
+    from kvcache_conformance.machines import MACHINES
+    from kvcache_conformance.run import selection
+
+    chosen = {m.name: m for m in MUTANTS}
+    adapter = selection.load_adapter(build(chosen[PAIR[0]], tmp_path / "mutants", chosen[BEHIND]))
+    ci = profiles.settings_for("ci", database=None, report_multiple_bugs=False, print_blob=False)
+    where: dict[str, Any] = {"property_id": "operations[window]", "parameters": {"windowed": True}, "settings": ci,
+                             "shrink_seconds": 1.0}
+    first = run_machine("cache_operations", adapter, **where)
+    assert isinstance(first.failure, NonConformance), first.failure
+    built: list[tuple[Any, int]] = []  # each machine, and how many non-conformances were made before it
+
+    class Counted(MACHINES["cache_operations"]):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append((self, NonConformance.raised))
+
+    monkeypatch.setitem(MACHINES, "cache_operations", Counted)
+    past = run_machine("cache_operations", adapter, set_aside=frozenset({cause_of(first.failure)}), **where)
+    assert isinstance(past.failure, NonConformance) and cause_of(past.failure) != cause_of(first.failure)
+    made = [after - before for (_, before), (_, after) in zip(built, [*built[1:], (None, NonConformance.raised)])]
+    own = [n for n, ((machine, _), count) in enumerate(zip(built, made), 1) if count > len(machine.met_again)]
+    discarded = [n for n, (machine, _) in enumerate(built, 1) if machine.met_again]
+    assert discarded and discarded[0] < own[0], (discarded[:5], own[:5])  # the search met the known cause first
+    assert past.first_failing == own[0]

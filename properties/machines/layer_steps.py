@@ -124,6 +124,7 @@ class LayerSteps(ConformanceMachine):
         self.config = data.draw(g.layer_configs(self.capabilities, **self.draws, limits=self.limits,
                                                 min_capacity=WINDOWED_MIN_CAPACITY if self.windowed else 1),
                                 label="config")
+        self.config = self.hard_config(data, self.config)
         if self.windowed:  # two or more below the capacity where it can be: rows are evicted, then more
             self.need(Capability.SLIDING_WINDOW_LAYER, "a sliding-window cache")  # replaying: stops here if absent
             smallest = self.limits.min_window or 1
@@ -142,6 +143,11 @@ class LayerSteps(ConformanceMachine):
         self.weights = self.config.weights  # the layer's weights now (a cache's rows keep theirs: its model's)
         self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")
         self._new_cache()
+
+    def hard_config(self, data: Draws, config: g.LayerConfig) -> g.LayerConfig:
+        """The layer and cache drawn, or one a machine's rules need on purpose (a hard case); the layer machine's
+        rules need none."""
+        return config
 
     def _create_layer(self, weights: AttentionWeights, rope: RopeConfig | None, what: str) -> Any:
         handed = Inputs()

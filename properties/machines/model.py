@@ -60,6 +60,10 @@ SAVED = 3  # saved sequences kept for later loads
 # pending is loaded
 ROOM_AIMS = ("fits by freeing its own cells", "too full even so")
 LOAD_PLACES = ("the same sequence", "another sequence", "a fresh context", "cells freed with the move pending")
+# A save as it is, or on purpose followed at once by a load of it under another id: a context that keeps a loaded
+# sequence where the saved one was (the first sequence's store, say) shows only there, and a load needs a save before
+# it in the same program.
+SAVES = ("a save", "a save, then a load of it under another id")
 
 
 class ModelMachine(ConformanceMachine):
@@ -568,8 +572,12 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE])
     def save(self, data: Draws) -> None:
-        """One sequence's cells saved, for a later load."""
-        self._save(self._a_sequence(data))
+        """One sequence's cells saved, for a later load; on purpose, loaded at once under another id (``SAVES``)."""
+        seq = self._a_sequence(data)
+        if self._save(seq) and self.sequences >= 2 and data.optional(g.on_purpose(*SAVES), "saves",
+                                                                      SAVES[0]) == SAVES[1]:
+            other = data.draw(st.sampled_from([s for s in range(self.sequences) if s != seq]), label="under")
+            self._load(data, "this context", index=len(self.saved) - 1, seq=other)
 
     def _save(self, seq: int) -> bool:
         """Save ``seq`` (the newest of ``saved``); whether it was saved."""

@@ -17,6 +17,7 @@ direction; when it is operated on again it is checked against the oracle.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,12 @@ CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past th
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
 REORDERS = ("any indices", "a reorder that moves rows, on rows held")
 CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then a row")
+# The batch a cache is created with: as drawn, or on purpose as large as the layer's KV heads -- a gather along the
+# KV-head axis instead of the batch's keeps every shape there, and shows only in the rows it moved.
+BATCHES = ("the batch drawn", "a batch as large as the KV heads")
+# A repeat's count: any, or on purpose one that grows the batch past the largest a cache is created with (a valid
+# repeat of 2 first where the batch is 1) -- storage sized by the batch a cache was created with shows only there.
+REPEATS = ("any count", "a batch grown past the largest created")
 WRAPPED = "a window cache that has wrapped"  # a further case of a windowed run: a ring that has let rows go
 REJECTED_CHUNK_MEETS = (*MEETS, WRAPPED)
 
@@ -58,6 +65,17 @@ class CacheOperationsMachine(LayerSteps):
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64, style: str | None = None,
                  grouped: bool | None = None, windowed: bool = False) -> None:
         super().__init__(adapter, numbers, style=style, grouped=grouped, windowed=windowed)
+
+    def hard_config(self, data: Draws, config: g.LayerConfig) -> g.LayerConfig:
+        """On purpose (``BATCHES``), a batch as large as the KV heads where that is 2 or more and within the limits
+        (never where the adapter draws from few shapes: a shape of its own)."""
+        kv_heads = config.weights.kv_heads
+        if self.limits.max_shapes is not None or config.batch_size == kv_heads or not 2 <= kv_heads <= g.MAX_BATCH \
+                or self.limits.cache_problem(kv_heads, config.capacity) is not None:
+            return config
+        if data.optional(g.on_purpose(*BATCHES), "batch", BATCHES[0]) == BATCHES[1]:
+            return replace(config, batch_size=kv_heads)
+        return config
 
     # -- chunks --------------------------------------------------------------------------------------------
 
@@ -283,9 +301,21 @@ class CacheOperationsMachine(LayerSteps):
     @rule(requires=[Capability.BATCH_REPEAT], data=st.data())
     def repeat_interleave(self, data: Draws) -> None:
         """Every batch row r times in a row (beam expansion): the batch grows to B * r. A count that is not an
-        int >= 1 is INVALID_INDICES (where validates_indices is claimed)."""
+        int >= 1 is INVALID_INDICES (where validates_indices is claimed). On purpose (``REPEATS``), a count that
+        grows the batch past the largest a cache is created with, after a repeat of 2 where the batch is 1."""
         largest = min(2 * g.MAX_BATCH, self.limits.max_batch or 2 * g.MAX_BATCH)
-        repeats = data.draw(g.repeat_counts(self.model.batch_size, largest), label="repeats")
+        if largest > g.MAX_BATCH and data.optional(g.on_purpose(*REPEATS), "repeats case", REPEATS[0]) == REPEATS[1]:
+            if self.model.batch_size == 1:
+                self._repeat(g.Argument(2, None, "repeats = 2"))
+            grown = g.MAX_BATCH // self.model.batch_size + 1  # the least count past the largest created batch
+            if grown <= min(3, largest // self.model.batch_size):
+                count = data.draw(st.integers(grown, min(3, largest // self.model.batch_size)),
+                                  label="repeats past the largest batch")
+                self._repeat(g.Argument(count, None, f"repeats = {count}"))
+                return
+        self._repeat(data.draw(g.repeat_counts(self.model.batch_size, largest), label="repeats"))
+
+    def _repeat(self, repeats: g.Argument) -> None:
         self._regather(f"repeat every batch row: {repeats.description}", repeats.value,
                        g.repeats_problem(repeats.value),
                        lambda given: self.adapter.repeat_interleave(self.cache, given),

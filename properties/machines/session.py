@@ -47,6 +47,9 @@ PREFILL_MEETS = ("the session as it is", "past the capacity of an empty session"
                  "past the room of a session holding tokens", "one token past the window, within the room")
 STEP_MEETS = ("the session as it is", "an empty session", "a session holding tokens")
 DECODE_MEETS = ("the session as it is", "a window that is full")  # the second: a windowed session with room only
+# Where the W + 1 tokens of a prefill one token past the window land: a ring that wraps inside a prefill over tokens
+# it holds already wraps other slots than one that starts empty. (Traces of an earlier suite: the session as it is.)
+PAST_THE_WINDOW_ONTO = ("an empty session", "a session holding tokens")
 
 LONG_PREFILL_LOGITS = "logits of a prefill longer than the window"  # the check of a failure of §9.4's prefills
 
@@ -185,11 +188,20 @@ class SessionMachine(ConformanceMachine):
         """T >= 1 tokens at once: causal inside the chunk, committed in every block or in none. On purpose, one
         token more than the room of an empty session or of one holding tokens: FULL (judged with fixed capacity),
         and the rows held stay -- a session that writes what fits before its room check shows it only there. And
-        W + 1 valid tokens into a windowed session with room: a ring wraps inside one prefill (the prefill that
-        prefill_within_window may refuse)."""
+        W + 1 valid tokens into a windowed session with room, as it is, empty or holding tokens
+        (``PAST_THE_WINDOW_ONTO``): a ring wraps inside one prefill (the prefill that prefill_within_window may
+        refuse)."""
         meets = data.optional(g.on_purpose(*PREFILL_MEETS), "meets", PREFILL_MEETS[0])
         window = self.config.window
         if meets == PREFILL_MEETS[3] and window is not None and window < self.capacity:
+            onto = data.optional(st.sampled_from(PAST_THE_WINDOW_ONTO), "onto", "the session as it is")
+            room_left = self.capacity - window - 1  # tokens that may be held beside the W + 1
+            if onto == PAST_THE_WINDOW_ONTO[0]:
+                self._empty_session()
+            elif onto == PAST_THE_WINDOW_ONTO[1] and room_left >= 1 and (
+                    self.stale or not self.tokens or len(self.tokens) > room_left):
+                self._new_session()
+                self._fill(data, data.draw(st.integers(1, room_left), label="tokens held"))
             if len(self.tokens) + window + 1 > self.capacity or self.stale:
                 self._new_session()
             self._prefill(data.draw(g.token_lists(self.config.vocab, window + 1, window + 1), label="tokens"))

@@ -26,6 +26,7 @@ from hypothesis import settings as Settings
 from hypothesis.database import ExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
 
 from ..traces import codec
+from .provenance import suite_release
 
 
 class PropertyDatabase(ExampleDatabase):
@@ -86,11 +87,29 @@ def database_prefix(implementation: str, property_id: str, parameters: dict[str,
                     disabled_rules: Iterable[str] = (), set_aside: Iterable[str] = ()) -> bytes:
     """The key prefix of one property's examples (``PropertyDatabase``). A search with causes set aside keeps
     its own (Hypothesis deletes a saved example that no longer fails: there, the example of a cause set aside)."""
+    identity = _identity(implementation, property_id, parameters, disabled_rules, set_aside)
+    return b"kvcache-property:" + hashlib.sha256(identity.encode()).hexdigest()[:20].encode() + b":"
+
+
+def property_seed(implementation: str, property_id: str, parameters: dict[str, Any],
+                  disabled_rules: Iterable[str] = (), set_aside: Iterable[str] = ()) -> int:
+    """The seed of one property's derandomised (``ci``) search: of what its database keys are of, and the suite's
+    release -- never of any function's source (``runner.MachineFactory``). Another release may draw other
+    programs; an edit of the runner may not."""
+    identity = _identity(implementation, property_id, parameters, disabled_rules, set_aside)
+    digest = hashlib.sha256(f"kvcache-seed:{suite_release()}:{identity}".encode()).digest()
+    return int.from_bytes(digest[:16], "big")
+
+
+def _identity(implementation: str, property_id: str, parameters: dict[str, Any], disabled_rules: Iterable[str],
+              set_aside: Iterable[str]) -> str:
+    """(implementation, property id, parameters, rules left out, causes set aside), as one text: the
+    last two because a choice sequence means another program once a rule is no longer drawn or an example
+    meeting a known cause is discarded."""
     key: list[Any] = [implementation, property_id, {k: codec.encode(v) for k, v in parameters.items()},
                       sorted(disabled_rules)]
     aside = sorted(set_aside)
-    identity = json.dumps([*key, aside] if aside else key, sort_keys=True)
-    return b"kvcache-property:" + hashlib.sha256(identity.encode()).hexdigest()[:20].encode() + b":"
+    return json.dumps([*key, aside] if aside else key, sort_keys=True)
 
 
 def property_settings(settings: Settings, *, implementation: str, property_id: str, parameters: dict[str, Any],

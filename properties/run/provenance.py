@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 from functools import cache
 from importlib import metadata
@@ -53,6 +54,20 @@ def suite_version() -> str:
         return metadata.version("kvcache-conformance")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def suite_release() -> str:
+    """The suite's release, the same from a clone and installed: the installed package's version, else the
+    clone's pyproject.toml's (a derandomised run's seed depends on it: ``databases.property_seed``)."""
+    try:
+        return metadata.version("kvcache-conformance")
+    except metadata.PackageNotFoundError:
+        pass
+    if CHECKOUT is not None:
+        found = re.search(r'^version = "([^"]+)"', (CHECKOUT / "pyproject.toml").read_text(), re.MULTILINE)
+        if found:
+            return found.group(1)
+    return "unknown"
 
 
 def suite_commit() -> str | None:

@@ -9,17 +9,18 @@ machine built holds the shrunk run.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, reporting
+from hypothesis import HealthCheck, Phase, reporting, seed
 from hypothesis import settings as Settings
 from hypothesis.errors import Unsatisfiable
 from hypothesis.internal.conjecture import engine, providers
@@ -35,7 +36,7 @@ from ..protocol.layer import KvCacheAdapter
 from ..traces import codec, recording
 from . import budget as run_budget
 from . import known_failures, selection
-from .databases import SecondaryOnly, property_settings
+from .databases import SecondaryOnly, property_seed, property_settings
 from .exercise import Tally, merged
 from .identity import canonical
 from .provenance import environment_facts, implementation_facts
@@ -90,6 +91,37 @@ def without_local_constants() -> Iterator[None]:
         providers.CONSTANTS_CACHE.cache.clear()
 
 
+class MachineFactory:
+    """What Hypothesis is handed to build each example's machine: an object, where it was ``run_machine``'s
+    inner function.
+
+    Hypothesis keys a stateful test's examples, and seeds a derandomised (ci) search, by a digest of its
+    factory's source (``function_digest``): every edit of that function moved every ci program of the suite and
+    every saved example's key. An object has no source (``inspect.getsource`` refuses it), so its digest is the
+    same however the machine is built. A property's identity goes where it belongs instead: its database keys'
+    prefix (``databases.property_settings``), and the seed of a derandomised search (``databases.property_seed``,
+    through Hypothesis's public ``seed``, which overrides ``derandomize``'s digest of the source)."""
+
+    # Hypothesis hashes the signature too: the same whatever ``__call__`` is annotated with.
+    __signature__ = inspect.Signature()
+
+    def __init__(self, build: Callable[[], recording.TracedMachine]) -> None:
+        self.build = build
+
+    def __call__(self) -> recording.TracedMachine:
+        return self.build()
+
+    @classmethod
+    def of(cls, build: Callable[[], recording.TracedMachine], settings: Settings,
+           identity: dict[str, Any]) -> MachineFactory:
+        """``build`` as a factory; seeded by the property's identity when ``settings`` derandomise (where no
+        database is kept: Hypothesis refuses one under derandomize). A random search keeps Hypothesis's seed."""
+        factory = cls(build)
+        if settings.derandomize:
+            factory = seed(property_seed(**identity))(factory)
+        return factory
+
+
 @dataclass
 class RunResult:
     runs: int = 0  # machines Hypothesis built: examples, plus replays and shrinking after a failure
@@ -142,7 +174,9 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     def build() -> recording.TracedMachine:
         if budget is not None:  # may raise BudgetSpent: before the example, never after a failure
             budget.before_example(result.runs, failed=failed())
-        if result.first_failing is None and NonConformance.raised > raised_before:
+        # this search's own failure, not an example discarded for a cause set aside: the shrink budget counts
+        # from it, as Hypothesis's does (a discarded example is no failure to it)
+        if result.first_failing is None and failed():
             result.first_failing = result.runs
             failed_at.append(time.monotonic())
         result.runs += 1
@@ -163,9 +197,11 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     # the first failure, shrink it and write its trace; the report tells causes apart by (property, rule of
     # the failing step, failure kind), and the next bug behind a known one is found by leaving its rule
     # out (--kv-xfails PROPERTY :: RULE, which reaches here as disabled_rules).
-    chosen = property_settings(settings or Settings(report_multiple_bugs=False), implementation=str(adapter.name),
-                               property_id=property_id, parameters=parameters, disabled_rules=disabled_rules,
-                               set_aside=[json.dumps(cause.to_json(), sort_keys=True) for cause in set_aside])
+    identity: dict[str, Any] = {
+        "implementation": str(adapter.name), "property_id": property_id, "parameters": parameters,
+        "disabled_rules": disabled_rules,
+        "set_aside": [json.dumps(cause.to_json(), sort_keys=True) for cause in set_aside]}
+    chosen = property_settings(settings or Settings(report_multiple_bugs=False), **identity)
     if set_aside:  # most examples may meet a cause already found: discarding them is the point
         chosen = Settings(chosen, suppress_health_check=[*chosen.suppress_health_check, HealthCheck.filter_too_much])
     if saves_as_secondary and chosen.database is not None:
@@ -176,7 +212,7 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     try:
         with _shrinking_for(shrink_seconds), without_local_constants(), \
                 budget.quiet() if budget is not None else nullcontext():
-            run_state_machine_as_test(build, settings=chosen)
+            run_state_machine_as_test(MachineFactory.of(build, chosen, identity), settings=chosen)
     except run_budget.BudgetSpent:  # what ran passed; nothing saved, nothing shrunk
         result.stopped_by_budget = True
     except AdapterHung as hung:  # not shrunk: every rerun would hang as long again
