@@ -170,7 +170,7 @@ class Numerics:
         return g / (F32(1) + np.exp(-g))
 
     def attend(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """``q [..., H, dh]`` over ``keys``, ``values [..., H, T, dh]`` (kv heads already repeated): ``[..., H, dh]``."""
+        """``q [..., H, dh]`` over ``keys``, ``values [..., H, T, dh]`` (kv heads repeated): ``[..., H, dh]``."""
         dh = q.shape[-1]
         if self.scale == "fold":
             q = q * (F32(1) / np.sqrt(F32(dh)))
@@ -252,6 +252,7 @@ class Float32LayerCache:
             return x
         return self.numerics.rotate(x, position, rope.style, rope.base, rope.rotary_width)
 
+    @np.errstate(all="ignore")  # overflowing rows (docs/spec.md §8.1) are drawn on purpose: no warnings for them
     def step(self, layer: FamilyLayer, cache: FamilyCache, x: np.ndarray) -> np.ndarray:
         w, n, dh, kv = layer.weights, self.numerics, layer.head_width, layer.kv_heads
         row, position = np.asarray(x[:, 0, :], dtype=F32), len(cache.keys)
@@ -394,6 +395,7 @@ class Float32CellModel(MinimalModelAdapter):
     def create_model(self, config: Any, weights: Any) -> Float32Weights:
         return Float32Weights.of(config, weights)
 
+    @np.errstate(all="ignore")
     def decode_batch(self, context: Context, batch: Any) -> np.ndarray:
         w, f = context.model, self.forward
         c, n = w.config, len(batch.tokens)
@@ -518,6 +520,7 @@ class TextbookNoCacheModel:
         out: np.ndarray = norm(hidden, w.output_norm) @ w.output
         return out
 
+    @np.errstate(all="ignore")
     def decode_batch(self, context: Tokens, batch: Any) -> np.ndarray:
         new = [Token(int(p), int(t), int(s)) for t, p, s in zip(batch.tokens, batch.positions, batch.sequences)]
         for seq in {t.sequence for t in new}:
@@ -584,7 +587,8 @@ MODEL_MEMBERS: dict[str, Callable[[], Any]] = {
                                                about="cells; pairwise sums; online softmax over key blocks of 2; "
                                                      "RMSNorm by rsqrt; RoPE table by exp and log"),
     "fused": lambda: Float32CellModel("fused", Numerics(sums=Sums("forward", "wide"), softmax="logsumexp",
-                                                        norm="rsqrt", silu_form="sigmoid", rotation="fused", scale="fold"),
+                                                        norm="rsqrt", silu_form="sigmoid", rotation="fused",
+                                                        scale="fold"),
                                       fused=True,
                                       about="cells; fused QKV and gate|up; wide accumulator, one rounding per dot; "
                                             "softmax by log-sum-exp; RMSNorm by rsqrt; silu by the sigmoid"),
@@ -594,6 +598,22 @@ MODEL_MEMBERS: dict[str, Callable[[], Any]] = {
                                                 "3; silu by tanh; ggml's RoPE table"),
     "reference": _reference_float32,
 }
+
+
+# -- running a member ------------------------------------------------------------------------------------------
+
+MACHINES = {"layer": "layer_cache", "model": "model"}  # the machine that judges each rule's members
+MEMBERS = {"layer": LAYER_MEMBERS, "model": MODEL_MEMBERS}
+
+
+def run_member(kind: str, name: str, settings: Any, *, trace_dir: Any = None, shrink_seconds: float | None = None,
+               property_id: str | None = None) -> Any:
+    """One search of ``kind``'s machine against member ``name`` under Hypothesis ``settings`` (a ``RunResult``:
+    its ``worst`` is the (error, tolerance) closest to failing)."""
+    from kvcache_conformance.run.runner import run_machine
+
+    return run_machine(MACHINES[kind], MEMBERS[kind][name](), property_id=property_id or f"float32-family-{kind}",
+                       settings=settings, trace_dir=trace_dir, shrink_seconds=shrink_seconds)
 
 
 # -- each member against the float64 oracle ----------------------------------------------------------------------
