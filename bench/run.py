@@ -41,6 +41,9 @@
 - shipped: KV-cache bugs that shipped in real releases (bench/shipped/catalogue.toml), the plain command on the
   last release with each and the first with its fix, each in a cached environment: caught, quiet on the fix,
   seconds, the shrunk trace's steps (bench/shipped/runner.py; hours cold; only with --only).
+- margins: the float32 family (tests/float32_family.py: correct float32 layer caches and whole models differing
+  in summation order, blocking and fusion) under --seeds random seeds each (dev profile, no example database, as
+  users run): per member and rule, runs, failing seeds, the worst error / tolerance, CPU seconds.
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 """
@@ -543,6 +546,38 @@ def bench_causes(runs: int = 3) -> None:
             print(f"    {cause['label'][:70]:70} rule {cause['rule']}; trace of {steps} steps")
 
 
+def bench_margins(seeds: int = 20) -> None:
+    """Each member of the float32 family (``tests/float32_family.py``) under ``seeds`` searches of its machine, each
+    with a fresh random seed (the dev profile, no example database): how close the precision rule comes to failing
+    a correct float32 implementation (issue 36). A failing search stops at its first failure (shrunk for 2 s)."""
+    from kvcache_conformance.run import profiles
+    from tests.float32_family import MEMBERS, run_member
+
+    directory = Path(tempfile.mkdtemp())
+    settings = profiles.settings_for("dev", database=None)
+    print(f"the float32 family, {seeds} random seeds per member (profile dev: {settings.max_examples} examples of up "
+          f"to {settings.stateful_step_count} steps a search); margin = worst error / tolerance over every search")
+    for kind, members in MEMBERS.items():
+        rule = ""
+        print(f"{'rule':6} {'member':22} {'runs':>6} {'failed':>6} {'margin':>7} {'error':>9} {'tolerance':>9} "
+              f"{'CPU s':>7}  first failure")
+        for name in members:
+            runs = failed = 0
+            worst, first, cpu = (0.0, 1.0), "", time.process_time()
+            for seed in range(seeds):
+                result = run_member(kind, name, settings, trace_dir=directory / f"{kind}-{name}-{seed}",
+                                    shrink_seconds=2.0)
+                runs, rule = runs + result.runs, result.rule or rule
+                worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
+                if result.failure is not None:
+                    failed += 1
+                    first = first or str(result.failure).splitlines()[0][:100]
+            print(f"{kind:6} {name:22} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {worst[0]:9.2e} {worst[1]:9.2e} "
+                  f"{time.process_time() - cpu:7.1f}  {first}")
+        print(f"  ({kind} rule: {rule})")
+    print(f"(failing runs' traces under {directory})")
+
+
 def bench_shipped() -> None:
     """bench/shipped/runner.py on every runnable entry of the catalogue, with its defaults."""
     from bench.shipped import runner
@@ -553,7 +588,7 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "shipped": bench_shipped}
+           "causes": bench_causes, "margins": bench_margins, "shipped": bench_shipped}
 ON_REQUEST = ("shipped",)  # hours, not minutes: only with --only
 
 
@@ -561,8 +596,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
                         help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
-    for name in parser.parse_args().only.split(","):
-        BENCHES[name.strip()]()
+    parser.add_argument("--seeds", type=int, default=20, help="margins: random seeds per member (default 20)")
+    arguments = parser.parse_args()
+    for name in arguments.only.split(","):
+        name = name.strip()
+        BENCHES[name](**({"seeds": arguments.seeds} if name == "margins" else {}))
         print()
 
 
