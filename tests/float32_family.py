@@ -469,6 +469,7 @@ class TextbookNoCacheModel:
     capabilities = frozenset({"whole_model", "gqa", "rope_interleaved", "rope_half_split", "sliding_window",
                               "fixed_capacity", "seq_remove", "seq_keep"})
     model_policy: ClassVar[dict[str, Any]] = {"contexts": ["unified", "per_sequence"], "removal": "end_only"}
+    hf_style = False  # transformers' LlamaForCausalLM's forms instead: see HfStyleNoCacheModel
 
     def create_model(self, config: Any, weights: Any) -> Float32Weights:
         return Float32Weights.of(config, weights)
@@ -485,7 +486,11 @@ class TextbookNoCacheModel:
         c = w.config
         dh, group = c.head_width, c.heads // c.kv_heads
         positions = np.array([t.position for t in tokens])
-        theta = positions[:, None].astype(F32) * (F32(c.rope_base) ** (-np.arange(0, dh, 2, dtype=F32) / F32(dh)))
+        if self.hf_style:  # transformers: inv_freq = 1 / base ** (arange(0, dh, 2) / dh)
+            inverse = F32(1) / F32(c.rope_base) ** (np.arange(0, dh, 2, dtype=F32) / F32(dh))
+        else:
+            inverse = F32(c.rope_base) ** (-np.arange(0, dh, 2, dtype=F32) / F32(dh))
+        theta = positions[:, None].astype(F32) * inverse
         cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [n, 1, dh/2]
         first = np.arange(0, dh, 2) if c.rope_style == "interleaved" else np.arange(dh // 2)
         second = first + 1 if c.rope_style == "interleaved" else first + dh // 2
@@ -497,6 +502,8 @@ class TextbookNoCacheModel:
             return out
 
         def norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+            if self.hf_style:  # LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps))
+                return weight * (x * (F32(1) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(c.norm_eps))))
             return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(c.norm_eps)) * weight
 
         visible = positions[None, :] <= positions[:, None]
@@ -509,14 +516,16 @@ class TextbookNoCacheModel:
             q = rope((x @ lw["wq"]).reshape(n, c.heads, dh))
             k = np.repeat(rope((x @ lw["wk"]).reshape(n, c.kv_heads, dh)), group, axis=1)
             v = np.repeat((x @ lw["wv"]).reshape(n, c.kv_heads, dh), group, axis=1)
-            scores = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(F32(dh))
+            scores = np.einsum("ihd,jhd->hij", q, k)
+            scores = scores * F32(dh ** -0.5) if self.hf_style else scores / np.sqrt(F32(dh))
             scores = np.where(visible[None], scores, F32(-np.inf))
             p = np.exp(scores - scores.max(axis=-1, keepdims=True))
             p /= p.sum(axis=-1, keepdims=True)
             hidden = hidden + np.einsum("hij,jhd->ihd", p, v).reshape(n, -1) @ lw["wo"]
             x = norm(hidden, lw["ffn_norm"])
             gate = x @ lw["w_gate"]
-            hidden = hidden + (gate / (F32(1) + np.exp(-gate)) * (x @ lw["w_up"])) @ lw["w_down"]
+            silu = gate * (F32(1) / (F32(1) + np.exp(-gate))) if self.hf_style else gate / (F32(1) + np.exp(-gate))
+            hidden = hidden + (silu * (x @ lw["w_up"])) @ lw["w_down"]
         out: np.ndarray = norm(hidden, w.output_norm) @ w.output
         return out
 
@@ -566,6 +575,16 @@ class TextbookNoCacheModel:
         return "full" if isinstance(error, NoRoom) else "refused" if isinstance(error, Refused) else None
 
 
+class HfStyleNoCacheModel(TextbookNoCacheModel):
+    """The textbook model written as transformers' ``LlamaForCausalLM`` in float32 is, without a cache: RoPE's
+    inverse frequencies ``1 / base ** (2i / dh)``, RMSNorm ``w * (x * rsqrt(mean(x^2) + eps))``, scores multiplied
+    by ``dh ** -0.5``, ``silu(g) = g * sigmoid(g)``."""
+
+    name = "float32-family-hf-style-no-cache"
+    about = "no cache, transformers' forms: 1/pow RoPE table, rsqrt RMSNorm, scale multiplied, silu by sigmoid"
+    hf_style = True
+
+
 def _reference_float32() -> Any:
     """impl's vectorised reference in float32 with a float32 cache: keys stored rotated (re-rotated and rounded at
     every shift, as llama.cpp's cache is), per-sequence contexts and saved states too."""
@@ -579,6 +598,7 @@ def _reference_float32() -> Any:
 
 MODEL_MEMBERS: dict[str, Callable[[], Any]] = {
     "textbook-no-cache": TextbookNoCacheModel,
+    "hf-style-no-cache": HfStyleNoCacheModel,
     "reverse": lambda: Float32CellModel("reverse", Numerics(sums=Sums("reverse")),
                                         about="cells; every sum sequential in reverse order"),
     "flash-pairwise": lambda: Float32CellModel("flash-pairwise", Numerics(sums=Sums("pairwise"), softmax="online",
