@@ -14,9 +14,11 @@ naive baseline, the oracle's loops rounded to float32) only in how it rounds:
   the RoPE table by another float32 route (exp and log; ggml's running product of the frequency ratio).
 
 Everything is float32 except where a member models a fused accumulator (``Sums.contract`` of ``wide`` and
-``fma``): there the products of two float32 numbers are exact in float64 and the sum is held in float64 (``wide``:
-one rounding at the end; ``fma``: rounded to float32 after each multiply-add -- a float64 sum rounded to float32 is
-a correctly rounded FMA except in rare double-rounding ties).
+``fma``, and the ``fused`` rotation): there the products of two float32 numbers are exact in float64 and the sum is
+held in float64 (``wide``: one rounding at the end; ``fma``: rounded to float32 after each multiply-add -- a float64
+sum rounded to float32 is a correctly rounded FMA except in rare double-rounding ties). A fused projection
+(``[Wq | Wk | Wv]``, ``[W_gate | W_up]``) sums each output exactly as the separate ones would: what fusing changes
+in a real kernel is its blocking and accumulation, which the member's ``Sums`` stands for.
 
 Layer caches (the layer protocol, ``dtype = "float32"``, built like ``examples.minimal_adapter``'s
 ``make_float32_adapter`` but with GQA, both RoPE pairings, partial rotary widths and positionless layers) are
@@ -624,6 +626,18 @@ MODEL_MEMBERS: dict[str, Callable[[], Any]] = {
 
 MACHINES = {"layer": "layer_cache", "model": "model"}  # the machine that judges each rule's members
 MEMBERS = {"layer": LAYER_MEMBERS, "model": MODEL_MEMBERS}
+
+
+def from_environment() -> Any:
+    """The member named by ``KVCACHE_FAMILY=<rule>-<member>`` (``layer-reverse``, ``model-textbook-no-cache``), for
+    ``--kv-impl tests.float32_family:from_environment``: the whole suite against one member."""
+    import os
+
+    kind, _, name = os.environ.get("KVCACHE_FAMILY", "").partition("-")
+    if name not in MEMBERS.get(kind, {}):
+        raise ValueError(f"KVCACHE_FAMILY must be one of "
+                         f"{', '.join(f'{k}-{n}' for k, members in MEMBERS.items() for n in members)}")
+    return MEMBERS[kind][name]()
 
 
 def run_member(kind: str, name: str, settings: Any, *, trace_dir: Any = None, shrink_seconds: float | None = None,
