@@ -556,24 +556,27 @@ def bench_margins(seeds: int = 20) -> None:
     directory = Path(tempfile.mkdtemp())
     settings = profiles.settings_for("dev", database=None)
     print(f"the float32 family, {seeds} random seeds per member (profile dev: {settings.max_examples} examples of up "
-          f"to {settings.stateful_step_count} steps a search); margin = worst error / tolerance over every search")
+          f"to {settings.stateful_step_count} steps a search); margin = worst error / tolerance over every search; "
+          f"median: of the seeds' margins")
     for kind, members in MEMBERS.items():
         rule = ""
-        print(f"{'rule':6} {'member':22} {'runs':>6} {'failed':>6} {'margin':>7} {'error':>9} {'tolerance':>9} "
-              f"{'CPU s':>7}  first failure")
+        print(f"{'rule':6} {'member':22} {'runs':>6} {'failed':>6} {'margin':>7} {'median':>7} {'error':>9} "
+              f"{'tolerance':>9} {'CPU s':>7}  first failure")
         for name in members:
             runs = failed = 0
-            worst, first, cpu = (0.0, 1.0), "", time.process_time()
+            worst, first, cpu, margins = (0.0, 1.0), "", time.process_time(), []
             for seed in range(seeds):
                 result = run_member(kind, name, settings, trace_dir=directory / f"{kind}-{name}-{seed}",
                                     shrink_seconds=2.0)
                 runs, rule = runs + result.runs, result.rule or rule
                 worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
+                margins.append(result.worst[0] / result.worst[1])
                 if result.failure is not None:
                     failed += 1
                     first = first or str(result.failure).splitlines()[0][:100]
-            print(f"{kind:6} {name:22} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {worst[0]:9.2e} {worst[1]:9.2e} "
-                  f"{time.process_time() - cpu:7.1f}  {first}")
+            middle = statistics.median(margins)
+            print(f"{kind:6} {name:22} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {middle:7.3f} {worst[0]:9.2e} "
+                  f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}")
         print(f"  ({kind} rule: {rule})")
     print(f"(failing runs' traces under {directory})")
 
