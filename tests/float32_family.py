@@ -24,7 +24,10 @@ Layer caches (the layer protocol, ``dtype = "float32"``, built like ``examples.m
 ``make_float32_adapter`` but with GQA, both RoPE pairings, partial rotary widths and positionless layers) are
 ``LAYER_MEMBERS``; whole models (the model protocol, ``dtype = kv_storage = "float32"``) are ``MODEL_MEMBERS``,
 among them a textbook float32 Llama with no cache at all, recomputing every sequence's whole prefix at every
-call. ``python -m tests.float32_family`` checks each against the float64 oracle.
+call. ``python -m tests.float32_family`` checks each against the float64 oracle; ``tests/test_float32_family.py``
+runs the whole suite under ``ci`` against each; ``python bench/run.py --only margins [--seeds N]`` prints each one's
+worst error / tolerance under random seeds; ``KVCACHE_FAMILY=model-textbook-no-cache pytest properties
+--kv-impl tests.float32_family:from_environment`` runs the suite against one.
 """
 
 from __future__ import annotations
