@@ -75,7 +75,8 @@ CASES = ROOT / "tests" / "float32_family_cases"
 # Members the current rule fails on a case (issue 36): strict, so that the rule that passes them says so here.
 FAILS_TODAY = {("three-tokens-width-3", "textbook-no-cache"), ("three-tokens-width-3", "hf-style-no-cache"),
                ("three-tokens-width-3", "fma-tiled"), ("prompt-width-2", "textbook-no-cache"),
-               ("prompt-width-2", "reference")}
+               ("prompt-width-2", "reference"), ("fork-prompt-width-3", "flash-pairwise"),
+               ("copies-width-4", "flash-pairwise"), ("copies-width-4", "fused")}
 
 
 def _case_runs() -> list[object]:
@@ -91,9 +92,12 @@ def _case_runs() -> list[object]:
 
 @pytest.mark.parametrize("case, name", _case_runs())
 def test_every_model_member_conforms_on_a_case_found_failing(case: Path, name: str) -> None:
-    """Programs on which random seeds found a correct member failing (tests/float32_family_cases, each shrunk and
-    set in a unified context, which every member offers), replayed against every member."""
+    """Programs on which random seeds found a correct member failing (tests/float32_family_cases: each cut to the
+    steps after its last clear and set in a unified context, which every member offers), replayed against every
+    member that declares their operations."""
     verdict = replay(codec.load(case), MODEL_MEMBERS[name](), out=lambda line: None)
+    if verdict.status == "not applicable":  # a program of operations the member does not declare
+        pytest.skip(verdict.message)
     assert verdict.conforms, verdict.message
 
 
