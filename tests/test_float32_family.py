@@ -85,9 +85,9 @@ def _case_runs() -> list[object]:
     runs = []
     for case in sorted(CASES.glob("*.json")):
         for name in MODEL_MEMBERS:
-            marks = [pytest.mark.xfail(strict=True, reason="issue 36: the rule allows 2 x the naive error + 8 ulps, "
-                                       "less than the rounding of the weights alone moves the logit here")] if (
-                case.stem, name) in FAILS_TODAY else []
+            failing = (case.stem, name) in FAILS_TODAY
+            marks = [pytest.mark.xfail(strict=True, reason="issue 36: the rule allows 2 x the naive float32 error + "
+                                       "8 ulps; this correct member's error is more")] if failing else []
             runs.append(pytest.param(case, name, id=f"{case.stem}-{name}", marks=marks))
     return runs
 
