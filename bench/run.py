@@ -16,7 +16,9 @@
   failed, runs including shrinking, and the shrunk program's length.
 - tolerance: the float32 example adapter on 3,000 random layers (~13,000
   steps): its error in ulps at the output's magnitude, and its error as a
-  fraction of the low-precision budget with a 1-ulp and with the 8-ulp floor.
+  fraction of the low-precision budget -- the rule's (2 x the estimated
+  rounding error any evaluation may have) and the former one (2 x the naive
+  evaluation's error) -- with no floor, a 1-ulp and the 8-ulp floor.
 - mixed: the float32-RoPE-table, -softmax, -rotation and -transcendentals example adapters (float64
   otherwise, ``mixed_precision`` declared) on 1,000 random layers at
   positions 0..10 and 300 at positions up to 62: error / (2 x naive + 1e-12)
@@ -46,6 +48,8 @@
   users run): per member and rule, runs, failing seeds, the worst error / tolerance, CPU seconds.
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
+- chains: the model machine with the reference's full declaration, 20 random dev runs: each chain case's
+  count per run (min, median, runs under 3), and the largest share of a run's steps one rule took.
 """
 
 from __future__ import annotations
@@ -200,10 +204,16 @@ def bench_first_failure() -> None:
 def bench_tolerance() -> None:
     from examples.minimal_adapter import make_float32_adapter
     from kvcache_conformance.judge.tolerance import FACTOR, FLOOR_ULPS
-    from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention, numpy_precision
+    from kvcache_conformance.oracle import (
+        AttentionWeights,
+        RopeConfig,
+        full_prefix_attention,
+        numpy_precision,
+        rounding_errors,
+    )
 
     f32, eps, adapter, rng = numpy_precision("float32"), 2.0**-23, make_float32_adapter(), np.random.default_rng(0)
-    ulps, naive_ulps = [], []
+    ulps, naive_ulps, estimate_ulps = [], [], []
     for _ in range(3000):
         heads, dh, width, length = (int(v) for v in (rng.integers(1, 5), 2 * rng.integers(1, 5),
                                                      rng.integers(1, 9), rng.integers(1, 9)))
@@ -213,6 +223,7 @@ def bench_tolerance() -> None:
         x = rng.uniform(-1, 1, (int(rng.integers(1, 4)), length, width))
         truth = full_prefix_attention(x, weights, rope).outputs
         naive = full_prefix_attention(x, weights, rope, numbers=f32).outputs
+        estimate = full_prefix_attention(x, weights, rope, numbers=rounding_errors("float32")).outputs
         layer = adapter.create_layer(weights, rope)
         cache = adapter.create_cache(layer, x.shape[0], 64)
         for t in range(length):
@@ -220,13 +231,16 @@ def bench_tolerance() -> None:
             scale = eps * max(1.0, float(np.abs(truth[:, t]).max()))
             ulps.append(float(np.abs(out[:, 0] - truth[:, t]).max()) / scale)
             naive_ulps.append(float(np.abs(naive[:, t] - truth[:, t]).max()) / scale)
-    error, naive = np.array(ulps), np.array(naive_ulps)
+            estimate_ulps.append(float(estimate[:, t].max()) / scale)
+    error, naive, estimated = np.array(ulps), np.array(naive_ulps), np.array(estimate_ulps)
     print(f"float32 example adapter, {len(error)} steps: error in ulps at the output's magnitude: median "
-          f"{np.median(error):.2f}, 99.9% {np.quantile(error, 0.999):.2f}, max {error.max():.2f}")
-    for floor in (1.0, FLOOR_ULPS):
-        ratio = error / (FACTOR * naive + floor)
-        print(f"  error / ({FACTOR:g} x naive + {floor:g} ulps): max {ratio.max():.2f}, steps over 1: "
-              f"{int((ratio > 1).sum())}")
+          f"{np.median(error):.2f}, 99.9% {np.quantile(error, 0.999):.2f}, max {error.max():.2f}; the estimated "
+          f"rounding error (the rule's err): median {np.median(estimated):.2f}, max {estimated.max():.2f} ulps")
+    for name, baseline in (("naive", naive), ("err", estimated)):  # the former rule, and §8.3's
+        for floor in (0.0, 1.0, FLOOR_ULPS):
+            ratio = error / (FACTOR * baseline + floor)
+            print(f"  error / ({FACTOR:g} x {name} + {floor:g} ulps): max {ratio.max():.2f}, steps over 1: "
+                  f"{int((ratio > 1).sum())}")
 
 
 def bench_mixed(only: str | None = None) -> None:
@@ -581,6 +595,33 @@ def bench_margins(seeds: int = 20) -> None:
     print(f"(failing runs' traces under {directory})")
 
 
+def bench_chains(seeds: int = 20) -> None:
+    """The model machine as users run it (profile dev, random seeds) with the reference's full declaration: each
+    chain case's count per run (tests/test_model_chains.py states them for a derandomised run), and the share of
+    the steps taken by the rule that ran most."""
+    from impl.conformance import make_full_declaration_adapter
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+    from tests.test_model_chains import CHAINS
+
+    counts: dict[str, list[int]] = {case: [] for case in CHAINS}
+    most: list[float] = []
+    start = time.process_time()
+    for seed in range(seeds):
+        settings = profiles.settings_for("dev", database=None, derandomize=False, deadline=None)
+        result = run_machine("model", make_full_declaration_adapter(), property_id=f"bench::chains::{seed}",
+                             settings=settings)
+        for case, rule in CHAINS.items():
+            counts[case].append(result.exercise.counts.get((rule, case), 0))
+        steps = [times for (_, what), times in result.exercise.counts.items() if what == "ran"]
+        most.append(max(steps) / sum(steps))
+    print(f"model machine, {seeds} random dev runs (100 examples each), {time.process_time() - start:.0f} CPU s: "
+          f"the rule that ran most took at most {max(most):.2f} of a run's steps")
+    print(f"  {'case':68} {'min':>4} {'median':>6} {'runs under 3':>12}")
+    for case, found in counts.items():
+        print(f"  {case:68} {min(found):4} {int(np.median(found)):6} {sum(1 for n in found if n < 3):12}")
+
+
 def bench_shipped() -> None:
     """bench/shipped/runner.py on every runnable entry of the catalogue, with its defaults."""
     from bench.shipped import runner
@@ -591,7 +632,7 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "margins": bench_margins, "shipped": bench_shipped}
+           "causes": bench_causes, "margins": bench_margins, "chains": bench_chains, "shipped": bench_shipped}
 ON_REQUEST = ("shipped",)  # hours, not minutes: only with --only
 
 
@@ -599,11 +640,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
                         help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
-    parser.add_argument("--seeds", type=int, default=20, help="margins: random seeds per member (default 20)")
+    parser.add_argument("--seeds", type=int, default=20, help="margins, chains: random seeds (default 20)")
     arguments = parser.parse_args()
     for name in arguments.only.split(","):
         name = name.strip()
-        BENCHES[name](**({"seeds": arguments.seeds} if name == "margins" else {}))
+        BENCHES[name](**({"seeds": arguments.seeds} if name in ("margins", "chains") else {}))
         print()
 
 

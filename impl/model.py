@@ -161,7 +161,7 @@ class ModelContext:
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
-                 end_only_removal: bool = False) -> None:
+                 end_only_removal: bool = False, bounded_shifts: bool = True) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -176,6 +176,7 @@ class ModelContext:
         self.model, self.unified, self.sequences = model, bool(unified), max_sequences
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
+        self.bounded_shifts = bounded_shifts  # a shift past max_positions refused (else done, as llama.cpp does)
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -281,7 +282,7 @@ class ModelContext:
     def _in_range(self, p0: Any, p1: Any, operation: str) -> np.ndarray:
         if not (_is_int(p0) and _is_int(p1)):
             raise SequenceOperationRefused(operation, f"positions {p0!r}, {p1!r} are not ints")
-        low = 0 if p0 < 0 else p0
+        low = 0 if p0 < 0 else p0  # half-open [p0, p1): any negative end is open, p1 itself never included
         mask: np.ndarray = (self.positions >= low) & ((self.positions < p1) if p1 >= 0 else True)
         return mask  # [streams, cells]
 
@@ -369,7 +370,13 @@ class ModelContext:
         if not _is_int(delta):
             raise SequenceOperationRefused("seq_shift", f"delta {delta!r} is not an int")
         stream = self.stream(seq)
-        self._move(seq, self._in_range(p0, p1, "seq_shift")[stream], self.positions[stream] + delta)
+        chosen = self._in_range(p0, p1, "seq_shift")[stream]
+        moved = self.positions[stream][chosen & self.members[stream, :, seq]]
+        too_far = self.bounded_shifts and moved.size > 0 and int(moved.max()) + delta >= self.model.shape.max_positions
+        if too_far:  # the RoPE table ends there: refused before anything moves
+            raise SequenceOperationRefused("seq_shift", f"a shift by {delta} would move a cell past the model's "
+                                           f"{self.model.shape.max_positions} positions")
+        self._move(seq, chosen, self.positions[stream] + int(delta))
 
     def divide(self, seq: int, p0: int, p1: int, d: int) -> None:
         self._check_seq("seq_divide", seq)
@@ -379,6 +386,7 @@ class ModelContext:
         self._move(seq, self._in_range(p0, p1, "seq_divide")[stream], self.positions[stream] // d)
 
     def save(self, seq: int) -> SequenceState:
+        """Copies of the sequence's cells: nothing done to this context afterwards changes a saved state."""
         self._check_seq("save_sequence", seq)
         stream = self.stream(seq)
         picked = np.flatnonzero(self.members[stream, :, seq])

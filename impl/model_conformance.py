@@ -44,7 +44,8 @@ class ModelReferenceMethods:
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
                             kv_dtype=getattr(self, "kv_storage", None),
-                            end_only_removal=self.model_policy.get("removal", "any") == "end_only")
+                            end_only_removal=self.model_policy.get("removal", "any") == "end_only",
+                            bounded_shifts=getattr(self, "bounded_shifts", True))
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -124,6 +125,11 @@ def make_float32_model_adapter() -> LowPrecisionModelAdapter:
     return LowPrecisionModelAdapter("float32", "float16")
 
 
+def make_float32_cache_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a float32 cache (llama.cpp's ``--cache-type-k f32``): §8.3's rule throughout."""
+    return LowPrecisionModelAdapter("float32", "float32")
+
+
 def make_q8_0_model_adapter() -> LowPrecisionModelAdapter:
     """Float32 computation over llama.cpp's q8_0 cache (``--cache-type-k q8_0 --cache-type-v q8_0``)."""
     return LowPrecisionModelAdapter("float32", "q8_0")
@@ -145,6 +151,19 @@ class EndOnlyRemovalModelAdapter(ModelReferenceAdapter):
 
 def make_end_only_removal_model_adapter() -> EndOnlyRemovalModelAdapter:
     return EndOnlyRemovalModelAdapter()
+
+
+class UnboundedShiftModelAdapter(ModelReferenceAdapter):
+    """The reference doing a shift past ``max_positions`` instead of refusing it, as llama.cpp's ``seq_add`` does
+    (it bounds no position, and rotates keys at any): outside the model, judged only by §5.1 (docs/spec.md
+    §15.4), so it conforms declaring nothing."""
+
+    name = f"{ModelReferenceAdapter.name}[shifts past max_positions]"
+    bounded_shifts = False
+
+
+def make_unbounded_shift_model_adapter() -> UnboundedShiftModelAdapter:
+    return UnboundedShiftModelAdapter()
 
 
 class Float32NormModelAdapter(ModelReferenceAdapter):

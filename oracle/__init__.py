@@ -34,6 +34,7 @@ from .numbers import (
     mpmath_precision,
     numpy_precision,
 )
+from .rounding import rounding_errors
 from .storage import AFFINE_FORMATS, FLOAT_FORMATS, INTEGER_FORMATS, StorageFormat
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "random_decoder_weights",
     "random_model_weights",
     "rope_rotate",
+    "rounding_errors",
     "sinusoid",
     "softmax",
 ]

@@ -36,6 +36,9 @@ KvStorage = Callable[[Vector], Vector]  # a rotated key or a value head row -> w
 
 # The error kinds of docs/spec.md §15.5 (the protocol's ErrorKind values; the oracle imports no protocol).
 FULL, MALFORMED_BATCH, REFUSED = "full", "malformed_batch", "refused"
+# A call outside the model (a shift to a position >= max_positions, §15.4): no kind is due, and nothing is judged
+# of it but §5.1 (a refusal, any exception, changes nothing); the cell model refuses it, changing nothing.
+OUTSIDE = "outside the model"
 MERGE, REPLACE, WHOLE_ONLY = "merge", "replace", "whole_only"  # a copy into a non-empty destination
 
 
@@ -179,7 +182,9 @@ class SavedSequence:
 
 
 def open_range(p0: int, p1: int) -> tuple[int, float]:
-    """llama.h's range ``[p0, p1)``: ``p0 < 0`` means from 0, ``p1 < 0`` means to the end."""
+    """The half-open range ``[p0, p1)`` of docs/spec.md §15.4: any ``p0 < 0`` means from 0, any ``p1 < 0`` to the
+    end; ``p1`` itself is never in it (llama.h's comment "p0 < 0 : [0, p1]" closes the bracket, its code does not).
+    """
     return (0 if p0 < 0 else p0), (float("inf") if p1 < 0 else p1)
 
 
@@ -342,17 +347,22 @@ class CellContext:
     def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """``delta`` added to the positions of ``seq``'s cells in the range (of every sequence sharing such a
         cell); a cell moved below 0 is freed. Keys are rotated at the new positions when read; values and
-        deeper layers stay as computed."""
+        deeper layers stay as computed. A cell moved to ``max_positions`` or past it would leave the model:
+        ``OUTSIDE``, before anything changes."""
         self._check_sequence(seq)
         if not _is_int(delta):
             raise ModelRefusal(REFUSED, f"a shift by {delta!r}, not an int")
         low, high = open_range(p0, p1)
         store = self.store_of(seq)
-        for cell in store:
-            if seq in cell.sequences and low <= cell.position < high:
-                cell.position += delta
-                if cell.position < 0:
-                    cell.sequences = set()
+        moved = [cell for cell in store if seq in cell.sequences and low <= cell.position < high]
+        limit = self.model.config.max_positions
+        if any(cell.position + delta >= limit for cell in moved):
+            raise ModelRefusal(OUTSIDE, f"a shift by {delta} moves a cell of sequence {seq} to "
+                               f"{max(cell.position for cell in moved) + delta}, past the model's {limit} positions")
+        for cell in moved:
+            cell.position += delta
+            if cell.position < 0:
+                cell.sequences = set()
         store[:] = [cell for cell in store if cell.sequences]
 
     def divide(self, seq: int, p0: int, p1: int, d: int) -> None:
@@ -366,6 +376,7 @@ class CellContext:
                 cell.position //= d
 
     def save(self, seq: int) -> SavedSequence:
+        """``seq``'s cells as they are now, self-contained: nothing done to this context later changes them."""
         self._check_sequence(seq)
         return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in self.cells_of(seq)))
 
@@ -425,6 +436,8 @@ def kv_storage_of(dtype: str, numbers: NumberSystem) -> KvStorage | None:
 
 
 def _is_int(value: object) -> bool:
+    """An int of docs/spec.md §15.3: a Python int or a numpy integer scalar (what ``argmax`` of logits gives);
+    never a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 

@@ -193,7 +193,9 @@ class ModelBatch:
     sequence ``sequences[i]``; ``logits[i]``: whether its logits are returned (rows in batch order).
 
     The contents are kept exactly as the suite built them, valid or not (a malformed batch is a test
-    input); only the lengths must agree.
+    input); only the lengths must agree. An id or position is an int when it is a Python int or a numpy
+    integer scalar (``np.int64``, ``np.int32``: what sampling from a logits array gives), never a bool
+    (docs/spec.md §15.3).
     """
 
     tokens: tuple[Any, ...]

@@ -38,6 +38,7 @@ class NumberSystem:
     is_finite: Callable[[Any], bool]
     # components of the oracle computed in another number system, as (component, system) pairs
     components: tuple[tuple[str, NumberSystem], ...] = ()
+    reads_errors: bool = False  # to_float reads the error a dtype's evaluations may have, not a value (rounding.py)
 
     def component(self, name: str) -> NumberSystem:
         """The number system the oracle's component ``name`` runs in: its own unless overridden."""

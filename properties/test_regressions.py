@@ -2,8 +2,10 @@
 
 The corpus is ``regressions/`` beside this file (package data) plus any ``--kv-regressions DIR``. A
 trace passes when the selected implementation conforms at every step, fails
-at the first divergence, and is skipped (with the reason) when it needs a
-capability the implementation does not declare.
+at the first divergence, and is skipped (with the reason) when it does not apply: a capability, declaration or
+claim the implementation does not make that the trace relied on, something it shows (a context's cells) other
+than the recorded run saw, or a state its own unclaimed acceptance replaced. A suite error (a trace the suite
+cannot read or replay) is listed apart, never the implementation's failure.
 """
 
 from __future__ import annotations
@@ -13,16 +15,23 @@ from typing import Any
 
 import pytest
 
-from kvcache_conformance.judge.failures import NonConformance
+from kvcache_conformance.judge.failures import NonConformance, is_suite_error
 from kvcache_conformance.run import selection
+from kvcache_conformance.run.runner import suite_error
 from kvcache_conformance.traces import codec, replay
 
 
 def test_trace_replays(regression_trace: Path, record_property: Any) -> None:
     adapter = selection.selected()
     lines: list[str] = []
-    document = codec.load(regression_trace)
-    verdict = replay.replay(document, adapter, numbers=selection.oracle_numbers(), out=lines.append)
+    try:
+        document = codec.load(regression_trace)
+        verdict = replay.replay(document, adapter, numbers=selection.oracle_numbers(), out=lines.append)
+    except Exception as error:  # the suite's own (a trace it cannot read, a replay that broke): listed, never failed
+        if not is_suite_error(error):
+            raise
+        record_property("kv_trace", str(regression_trace))
+        raise suite_error(error, str(regression_trace)) from error
     if verdict.status == "not applicable":
         pytest.skip(f"{regression_trace.name}: {verdict.message}")
     if not verdict.conforms:  # a cause of its own, with its trace (the report keeps the trace's name)

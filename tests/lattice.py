@@ -43,12 +43,14 @@ from impl.model_conformance import (
     ModelReferenceAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_unbounded_shift_model_adapter,
 )
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
 from kvcache_conformance.protocol.declarations import METHODS_OF, required_methods
 from kvcache_conformance.protocol.kinds import declared
 from kvcache_conformance.protocol.paged import PagedPolicy
+from tests.accepting import UNCLAIMED, AcceptsWhatItDoesNotClaim, ReportsTheCellsAskedFor, RoundsCellsUp
 
 REFERENCE = declared(ReferenceAdapter.capabilities) - {"input_validation"}  # the shorthand spelled out
 EVERY_METHOD = frozenset(m for methods in METHODS_OF.values() for m in methods) | {"paged_fork", "paged_truncate"}
@@ -359,6 +361,7 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                                        model_policy={**ReferenceAdapter.model_policy,
                                                                      "negative_shift": "not_drawn"}),
     "model-float32-kv-float16": lambda: _low_precision("float16"),
+    "model-float32-kv-float32": lambda: _low_precision("float32", "float32"),  # docs/spec.md §8.3's rule throughout
     "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
     "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
     # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
@@ -372,6 +375,16 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                            layer_caches=False, mixed_precision={"norm": "float32"}),
     "model-width-divisible-by-heads": lambda: Declared("model-width-divisible-by-heads", REFERENCE, WidthByHeads(),
                                                        model_limits={"model_width_divisible_by_heads": True}),
+    # does a shift past max_positions, as llama.cpp's seq_add does (the reference refuses it): outside the model,
+    # judged by §5.1 alone, so both conform declaring nothing (docs/spec.md §15.4); no twin, as nothing is declared
+    "model-shifts-past-the-model": lambda: Declared("model-shifts-past-the-model", MODEL_ONLY,
+                                                    make_unbounded_shift_model_adapter(), layer_caches=False),
+    # claims no batch or sequence-operation validation and no fixed capacity, and accepts every such input (§5.5)
+    "model-accepts-unclaimed": lambda: Declared("model-accepts-unclaimed", MODEL_ONLY - UNCLAIMED,
+                                                AcceptsWhatItDoesNotClaim(), layer_caches=False),
+    # more cells per store than asked (llama.cpp pads n_ctx), reported (§15.2)
+    "model-cells-rounded-up": lambda: Declared("model-cells-rounded-up", MODEL_ONLY, RoundsCellsUp(),
+                                               layer_caches=False),
 }
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
@@ -396,6 +409,14 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
                          layer_caches=False, mixed_precision={}), "model", {}, ""),  # logits past 1e-12
     "model-width-divisible-by-heads-undeclared": (
         lambda: Declared("twin-width-by-heads", REFERENCE, WidthByHeads()), "model", {}, "unexpected exception"),
+    # accepts what it claims to reject: a malformed batch, an unknown sequence, a batch past the room
+    "model-accepts-unclaimed-claims-validation": (lambda: Declared(
+        "twin-accepts-claims-validation", MODEL_ONLY, AcceptsWhatItDoesNotClaim(), layer_caches=False), "model", {},
+        "expected"),
+    # rounds up but reports the cells asked for: a batch past that room is accepted
+    "model-cells-rounded-up-reports-the-cells-asked": (lambda: Declared(
+        "twin-reports-the-cells-asked", MODEL_ONLY, ReportsTheCellsAskedFor(), layer_caches=False), "model", {},
+        "expected full, got success"),
 }
 
 

@@ -733,6 +733,52 @@ MODEL_MUTANTS = (
            (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
            "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
            "model", factory="model_conformance:make_q4_0_model_adapter"),
+    # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
+    Mutant("model_float32_probabilities_in_float16", "model.py",
+           (("        weights /= weights.sum(axis=-1, keepdims=True)\n",
+             "        weights = (weights / weights.sum(axis=-1, keepdims=True))"
+             ".astype(np.float16).astype(self.dtype)\n"),),
+           "declares float32, but rounds its attention probabilities to float16",
+           "model", factory="model_conformance:make_float32_cache_model_adapter"),
+    Mutant("model_float32_logits_from_float16", "model.py",
+           (("        out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype)"
+             " @ self.output.T\n",
+             "        out: np.ndarray = (_rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype)\n"
+             "                           .astype(np.float16).astype(self.dtype) @ self.output.T)\n"),),
+           "declares float32, but rounds the final norm's output to float16 before the output head",
+           "model", factory="model_conformance:make_float32_cache_model_adapter"),
+    # docs/spec.md §15.4's loose ends: ranges, shifts past the model, self-contained states; §15.3's numpy ints
+    Mutant("model_range_closed_from_the_start", "model.py",
+           (("((self.positions < p1) if p1 >= 0 else True)",
+             "((self.positions < p1 + (p0 < 0)) if p1 >= 0 else True)"),),
+           "reads llama.h's comment \"p0 < 0 : [0, p1]\" as written: a range open at its start includes p1",
+           "model"),
+    Mutant("model_range_open_at_minus_one_only", "model.py",
+           (("((self.positions < p1) if p1 >= 0 else True)", "((self.positions < p1) if p1 != -1 else True)"),),
+           "reads only p1 = -1 as 'to the end': a range ending at -2 selects no cell", "model"),
+    Mutant("model_shift_past_the_model_moves_then_refuses", "model.py",
+           (("        if too_far:  # the RoPE table ends there: refused before anything moves\n",
+             "        if too_far:\n            self._move(seq, chosen, self.positions[stream] + int(delta))\n"),),
+           "refuses a shift past max_positions after moving the cells", "model"),
+    Mutant("model_batch_numpy_ids_malformed", "model.py",
+           (("            if not _is_int(token) or not 0 <= token < s.vocab:",
+             "            if type(token) is not int or not 0 <= token < s.vocab:"),),
+           "refuses numpy integer token ids (np.int64, np.int32) as a malformed batch", "model"),
+    Mutant("model_saved_state_reads_the_live_context", "model.py",
+           (("        return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),\n"
+             "                             self.keys[stream][:, picked].copy(), "
+             "self.values[stream][:, picked].copy())\n",
+             "        context = self\n\n"
+             "        class Live(SequenceState):  # the saved slots, read from this context when loaded\n"
+             "            def __init__(self) -> None:\n"
+             "                pass\n"
+             "            positions = property(lambda _: context.positions[stream, picked])\n"
+             "            tokens = property(lambda _: context.tokens[stream, picked])\n"
+             "            keys = property(lambda _: context.keys[stream][:, picked])\n"
+             "            values = property(lambda _: context.values[stream][:, picked])\n"
+             "        return Live()\n"),),
+           "a saved state keeps the cells' slots, not the cells: loaded after its context changed, it is what the "
+           "slots hold then", "model"),
     # behind the reference declaring removal: end_only (impl.conformance:make_end_only_removal_adapter)
     Mutant("model_end_only_refuses_to_the_end", "model.py",
            (("        if self.end_only_removal and p1 >= 0:\n",

@@ -30,6 +30,7 @@ from kvcache_conformance.machines.layer import LayerCacheMachine
 from kvcache_conformance.machines.layer_steps import MEETS
 from kvcache_conformance.machines.operations import (
     CHUNK_MEETS,
+    CUTS,
     REJECTED_CHUNK_MEETS,
     REORDERS,
     SELECTIONS,
@@ -65,6 +66,8 @@ FLOOR_EXAMPLES = 100
 # are those of the plain reference; the paged machine's three rules for hit limits and duplicates run only where
 # declared.
 # A rule met in under 2% of the examples keeps 0.005 (one example in 200).
+# Remeasured 2026-12-05 after truncate's cut of rows held (a third "cuts" case): the window run's derandomised
+# programs moved, and fork_then_overwrite ran in 0.075 of them (floor 0.08 -> 0.06).
 # Remeasured 2026-12-04 where a share fell under its floor, after the wrapped-ring chunks and the reorders on rows
 # held: in the window run the caches are fuller, so the rule that needs an empty one ran in 0.086 (floor 0.02, a
 # quarter); in the full run no drawn weights had a lone overflowing projection (floor 0.0, as in the layer run).
@@ -100,7 +103,7 @@ FLOORS: dict[str, dict[str, float]] = {
         "append_non_finite_row": 0.08, "append_overflowing_row": 0.0, "append_peaked_row": 0.0,
         "append_row_overflowing_a_score": 0.0, "append_row_overflowing_one_projection": 0.0, "append_rows": 0.1,
         "append_through_recreated_layer": 0.0, "append_under_other_rope": 0.0,
-        "append_zero_first_row_then_a_row": 0.0, "fork": 0.08, "fork_then_overwrite": 0.08, "reorder": 0.1,
+        "append_zero_first_row_then_a_row": 0.0, "fork": 0.08, "fork_then_overwrite": 0.06, "reorder": 0.1,
         "repeat_interleave": 0.12, "replace_cache": 0.03, "reset": 0.11, "select": 0.09, "switch_cache": 0.08,
         "truncate": 0.11, "truncate_a_ring_of_window_and_sinks": 0.0, "truncate_after_the_window_evicts": 0.11,
         "update_weights_in_place": 0.0,
@@ -217,6 +220,10 @@ def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, mach
         cut = [s for s in rejected("truncate", "a stale cache, then a row")
                if s["due"].kind == ErrorKind.REVISION_MISMATCH]
         assert len(cut) >= 3, len(cut)
+    if machine is CacheOperationsMachine:  # cuts that remove rows a cache holds, then a row (window runs too)
+        removed = [what for r, what, s in Seen.calls if r == "truncate" and s["meets"] == CUTS[2]
+                   and what.startswith("truncate") and int(what.rsplit(" to ", 1)[1]) < s["held"]]
+        assert len(removed) >= 3, len(removed)
 
 
 @pytest.mark.slow

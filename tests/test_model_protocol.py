@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 
 from impl.model_conformance import ModelReferenceAdapter
+from kvcache_conformance.judge.policy import Due, Expect
 from kvcache_conformance.judge.tolerance import Judge
 from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig
 from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
 from kvcache_conformance.protocol.declarations import declaration_problems
+from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.protocol.model import declared_kv_storage
 
 
@@ -105,6 +107,18 @@ def test_the_model_judge_reads_dtype_and_kv_storage() -> None:
     exact = Judge.for_model(adapter(), FLOAT64)
     assert exact.naive is None and exact.storage is None and exact.kv_storage == "float64"
     same = Judge.for_model(adapter(dtype="float32"), FLOAT64)
-    assert same.storage is None and same.kv_storage == "float32" and same.naive.name == "float32"
+    # a cache in the dtype itself: the rounding errors any float32 evaluation may have (docs/spec.md §8.3)
+    assert same.storage is None and same.kv_storage == "float32" and same.naive.reads_errors
     narrow = Judge.for_model(adapter(dtype="float32", kv_storage="float16"), FLOAT64)
     assert narrow.storage.format == "float16" and narrow.kv_storage == "float16" and narrow.naive.name == "float32"
+    assert not narrow.naive.reads_errors  # a narrower cache: the naive computation over what it stores
+
+
+def test_a_call_outside_the_model_is_unclaimed_whatever_is_declared() -> None:
+    """A shift past max_positions (docs/spec.md §15.4) has no claim: refused with any exception (changing nothing)
+    or accepted (not judged), under every declaration."""
+    due = Due.outside(ErrorKind.REFUSED)
+    assert due.claim is None
+    for capabilities in (ModelReferenceAdapter.capabilities, frozenset(), frozenset({"validates_sequence_ops"})):
+        assert due.expect(capabilities) is Expect.UNCLAIMED
+

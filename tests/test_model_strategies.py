@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from impl import errors
 from impl.model_conformance import ModelReferenceAdapter
 from kvcache_conformance.generate import context_configs, model_configs
+from kvcache_conformance.generate.models import context_cells
 from kvcache_conformance.protocol.model import ModelLimits, ModelPolicy
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
@@ -56,6 +58,13 @@ def test_without_the_limit_widths_that_are_no_multiple_of_the_heads_are_drawn() 
     assert any(seen)  # the limit is not vacuous: the suite's own ranges draw such widths
 
 
+def test_the_cells_of_a_fresh_context_are_drawn_as_a_first_context_s() -> None:
+    """A fresh context's cells (load_into_a_fresh_context) come from the range ``context_configs`` draws from."""
+    assert context_cells(True, 3, ModelLimits()) == (6, 16)
+    assert context_cells(False, 3, ModelLimits()) == (9, 16)
+    assert context_cells(False, 2, ModelLimits(max_cells=5)) == (5, 5)
+
+
 class Watching(ModelReferenceAdapter):
     """The reference, counting what the machine made it do, and failing the run (an untyped error) on a call
     outside what it declares."""
@@ -66,8 +75,13 @@ class Watching(ModelReferenceAdapter):
 
     def __init__(self, **policy: Any) -> None:
         self.model_policy = {**ModelReferenceAdapter.model_policy, **policy}
-        self.saved_from: dict[int, int] = {}
+        self.saved_from: dict[int, tuple[int, Any, int]] = {}  # a state's sequence, context, its changes then
         self.shifted: set[int] = set()
+        self.changes: Counter[int] = Counter()  # calls that may change each context, by id
+
+    def _opened(self, p0: int, p1: int) -> None:
+        self.seen["range open below -1 at its start"] += p0 < -1
+        self.seen["range open below -1 at its end"] += p1 < -1
 
     def create_context(self, model: Any, config: Any) -> Any:
         kind = "unified" if config.unified else "per_sequence"
@@ -79,6 +93,8 @@ class Watching(ModelReferenceAdapter):
         if self.model_limits.get("max_batch", 99) < len(batch.tokens):
             raise AssertionError(f"a batch of {len(batch.tokens)} tokens past max_batch")
         holding = any(context.pos_max(s) >= 0 for s in range(context.sequences))
+        self.changes[id(context)] += 1
+        self.seen["numpy ids"] += all(isinstance(t, np.integer) for t in batch.tokens)
         try:
             result = super().decode_batch(context, batch)
         except errors.MalformedBatch:
@@ -97,7 +113,18 @@ class Watching(ModelReferenceAdapter):
             raise AssertionError("a range copy under whole_only")
         self.seen["copy into a non-empty sequence"] += src != dst and context.pos_max(dst) >= 0
         self.seen["range copy"] += p0 >= 0 or p1 >= 0
+        self._opened(p0, p1)
+        self.changes[id(context)] += 1
         super().seq_copy(context, src, dst, p0, p1)
+
+    def seq_remove(self, context: Any, seq: int, p0: int, p1: int) -> None:
+        self._opened(p0, p1)
+        self.changes[id(context)] += 1
+        super().seq_remove(context, seq, p0, p1)
+
+    def clear(self, context: Any) -> None:
+        self.changes[id(context)] += 1
+        super().clear(context)
 
     def seq_shift(self, context: Any, seq: int, p0: int, p1: int, delta: int) -> None:
         if self.model_policy.get("negative_shift") == "not_drawn" and 0 <= seq < context.sequences:
@@ -105,6 +132,10 @@ class Watching(ModelReferenceAdapter):
             held = context.positions[stream][context.members[stream, :, seq]]
             if any(p + delta < 0 for p in held if (p0 < 0 or p >= p0) and (p1 < 0 or p < p1)):
                 raise AssertionError("a shift below position 0 under not_drawn")
+        self._opened(p0, p1)
+        self.changes[id(context)] += 1
+        if 0 <= seq < context.sequences and context.pos_max(seq) + delta >= context.model.shape.max_positions:
+            self.seen["shift past the model"] += 1
         super().seq_shift(context, seq, p0, p1, delta)
         if 0 <= seq < context.sequences and context.pos_max(seq) >= 0:
             self.shifted.add(seq)
@@ -112,12 +143,16 @@ class Watching(ModelReferenceAdapter):
 
     def save_sequence(self, context: Any, seq: int) -> Any:
         state = super().save_sequence(context, seq)
-        self.saved_from[id(state)] = seq
+        self.saved_from[id(state)] = (seq, context, self.changes[id(context)])
         return state
 
     def load_sequence(self, context: Any, seq: int, state: Any) -> None:
         super().load_sequence(context, seq, state)
-        self.seen["load into another id"] += self.saved_from.get(id(state), seq) != seq
+        source, saved_in, changes = self.saved_from.get(id(state), (seq, context, self.changes[id(context)]))
+        self.seen["load into another id"] += source != seq
+        self.seen["load into the changed context saved from"] += saved_in is context and \
+            self.changes[id(context)] > changes
+        self.seen["load into a context of another cell count"] += saved_in.capacity != context.capacity
 
 
 def watched_run(adapter: Watching) -> Counter[str]:
@@ -132,7 +167,9 @@ def watched_run(adapter: Watching) -> Counter[str]:
 def test_programs_reach_every_situation() -> None:
     seen = watched_run(Watching())
     for situation in ("copy into a non-empty sequence", "range copy", "decode after a shift", "load into another id",
-                      "malformed batch on a context holding cells", "full", "batch mixing sequences"):
+                      "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
+                      "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
+                      "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))
 
 

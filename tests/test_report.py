@@ -159,7 +159,8 @@ def test_exercise_merges_over_properties_and_names_what_was_never_exercised() ->
     assert section["never_exercised"] == ["truncate"]  # float64 is no claim or rule's need: nothing to tell
     assert exercise.summary([{"outcome": "passed"}], ["truncate"])["never_exercised"] == []  # no machine ran
     table = "\n".join(exercise.markdown(section))
-    assert "| rule | ran | succeeded | rejected | refused | raised | replaced | fork | prefix hit |" in table
+    assert ("| rule | runs | calls succeeded | calls rejected | calls refused | calls raised | calls replaced "
+            "| met: fork | met: prefix hit |") in table
     assert "| `add` | 5 | 2 | 1 |  |  |  |  | 1 |" in table
     assert "| `truncate` | 0 |" in table  # a rule of the machine no example ran
     assert "**Declared but never exercised**" in table and "`truncate`" in table
@@ -209,3 +210,17 @@ def test_the_suites_own_checks_are_no_verdict_about_the_implementation(tmp_path:
     assert "the suite's own checks (no adapter code; not counted above): 1 passed" in markdown
     assert "| `properties/test_precision.py::test_float64_oracle_agrees_with_mpmath` | passed (suite check) |" \
         in markdown and "### `prefix_store`" in markdown
+
+
+def test_a_whole_models_report_states_its_storage_policy_and_limits() -> None:
+    """Two declarations of one engine (a float16 cache and a q8_0 one, say) never read alike."""
+    from examples.minimal_adapter import make_adapter
+    from impl.model_conformance import make_float32_model_adapter, make_q8_0_model_adapter
+    from kvcache_conformance.run.provenance import implementation_facts
+
+    f16, q8 = (implementation_facts(make(), None) for make in (make_float32_model_adapter, make_q8_0_model_adapter))
+    assert (f16["kv_storage"], q8["kv_storage"]) == ("float16", "q8_0")
+    assert f16["model_limits"] == {} and q8["model_limits"] == {"head_width_multiple": 32}
+    assert f16["model_policy"]["contexts"] == ["per_sequence", "unified"]
+    layer_only = implementation_facts(make_adapter(), None)
+    assert "model_policy" not in layer_only

@@ -69,11 +69,14 @@ class Float32ClaimingFloat64(Float32Adapter):
 
 
 def test_the_float32_rule_is_the_documented_formula() -> None:
-    truth, naive = np.array([3.0, -0.5]), np.array([3.0 + 1e-6, -0.5])
+    """The baseline of a dtype computed throughout is the rounding error any evaluation may have (its readout
+    is the errors themselves, not values): the budget is the largest of them."""
+    truth, errors = np.array([3.0, -0.5]), np.array([1e-6, 4e-7])
     judge = Judge("float32", FLOAT64)
-    assert judge.tolerance(truth, naive) == pytest.approx(FACTOR * 1e-6 + FLOOR_ULPS * 2.0**-23 * 3.0, rel=1e-9)
-    assert Judge("float64", FLOAT64).tolerance(truth, naive) == ABSOLUTE
-    assert "2 x |error of the naive float32" in judge.rule and "1e-12" in Judge("float64", FLOAT64).rule
+    assert judge.naive is not None and judge.naive.reads_errors
+    assert judge.tolerance(truth, errors) == pytest.approx(FACTOR * 1e-6 + FLOOR_ULPS * 2.0**-23 * 3.0, rel=1e-9)
+    assert Judge("float64", FLOAT64).tolerance(truth, errors) == ABSOLUTE
+    assert "2 x the rounding error any float32 evaluation" in judge.rule and "1e-12" in Judge("float64", FLOAT64).rule
 
 
 def test_the_naive_baseline_rounds_every_operation_to_its_dtype() -> None:

@@ -2,7 +2,9 @@
 declares (its RoPE pairings, ``gqa``, ``sliding_window``, ``model_limits``, the contexts of its ``model_policy``).
 
 Models stay tiny -- the oracle recomputes in scalar Python -- and positions stay far below ``MAX_POSITIONS``,
-so a shift or a prompt never leaves the model's positions (the machine keeps them under ``POSITION_CEILING``).
+so a shift or a prompt never leaves the model's positions (the machine keeps them under ``POSITION_CEILING``),
+but for the one rule that shifts past them on purpose (docs/spec.md §15.4: outside the model, not judged but
+by §5.1).
 """
 
 from __future__ import annotations
@@ -60,15 +62,20 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
         tied_output=draw(st.booleans(), label="tied"), window=window, max_positions=MAX_POSITIONS)
 
 
+def context_cells(unified: bool, sequences: int, limits: ModelLimits) -> tuple[int, int]:
+    """The fewest and most cells the suite asks of a context: 6-16 (per-sequence: at least 3 for each), within
+    ``max_cells``."""
+    most = _bounded(MAX_CELLS, limits.max_cells)
+    return min(most, 6 if unified else 3 * sequences), most
+
+
 @st.composite
 def context_configs(draw: st.DrawFn, policy: ModelPolicy, limits: ModelLimits) -> ContextConfig:
     """A context of a declared kind: 2-3 sequences, 6-16 cells (per-sequence: at least 3 for each)."""
     unified = draw(st.sampled_from(sorted(k == "unified" for k in policy.contexts)), label="unified")
     most = _bounded(MAX_SEQUENCES, limits.max_sequences)
     sequences = draw(st.integers(min(2, most), most), label="sequences")
-    cells_most = _bounded(MAX_CELLS, limits.max_cells)
-    least = min(cells_most, 6 if unified else 3 * sequences)
-    cells = draw(st.integers(least, cells_most), label="cells")
+    cells = draw(st.integers(*context_cells(unified, sequences, limits)), label="cells")
     return ContextConfig(cells=cells, max_sequences=sequences, unified=unified)
 
 

@@ -23,6 +23,7 @@ from ..protocol.declarations import (
     drives_layer_caches,
 )
 from ..protocol.kinds import Capability, declared
+from ..protocol.model import ModelPolicy
 from ..protocol.paged import PagedPolicy
 from .layers import layer_families
 
@@ -75,10 +76,38 @@ DECLARATIONS: dict[str, Declaration] = {
     # a program that forks runs under any fork but "none" (each judged as its pool declares)
     "paged_policy.fork": Declaration(lambda a: PagedPolicy.of(a).fork,
                                      lambda recorded, here: recorded == here or "none" not in (recorded, here)),
+    # a whole-only copy draws no range (the copy rule draws one only where ranges may be copied)
+    "model_policy.copy_unified whole_only": Declaration(lambda a: ModelPolicy.of(a).copy_unified == "whole_only"),
+    "model_policy.copy_per_sequence whole_only": Declaration(
+        lambda a: ModelPolicy.of(a).copy_per_sequence == "whole_only"),
+    # a program that never shifted a cell below 0 is valid where such a shift removes it
+    "model_policy.negative_shift": Declaration(lambda a: ModelPolicy.of(a).negative_shift,
+                                               lambda recorded, here: recorded in (here, "not_drawn")),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),
 }
+
+
+# What a replayed run observes of the adapter that the recorded run's draws depended on (a trace records it as
+# observed): where the replaying adapter shows another value, the recorded program is not the one drawn here.
+OBSERVATIONS: dict[str, Callable[[Any, Any], bool]] = {
+    # room is judged against the cells a store reports (docs/spec.md §15.2): a batch past the room of one count
+    # is within another's
+    "context cells": lambda recorded, here: recorded == here,
+}
+
+
+def observation_problem(name: str, recorded: Any, here: Any, adapter: Any) -> str | None:
+    """Why a replay that observes ``here`` where the recorded run observed ``recorded`` does not apply (None: it
+    does)."""
+    admits = OBSERVATIONS.get(name)
+    if admits is None:
+        raise UnknownDeclaration(f"no observation {name!r}; the suite records {', '.join(sorted(OBSERVATIONS))}")
+    if admits(recorded, here):
+        return None
+    return (f"{getattr(adapter, 'name', 'the adapter')} shows {name} {here!r}, but the trace was recorded against "
+            f"{recorded!r}, and its draws depend on it")
 
 
 def declaration(name: str) -> Declaration:
@@ -105,6 +134,9 @@ class Needs:
     why: dict[str, str] = field(default_factory=dict, compare=False)  # what an alternatives group stands for
     # (name, value recorded, what relied on it): a trace's program was drawn under these declarations
     declarations: tuple[tuple[str, Any, str], ...] = ()
+    # (capability, claimed, what relied on it): a trace's later steps were drawn after a call was rejected under
+    # the claim (claimed), or accepted without it and its object replaced (not claimed)
+    claims: tuple[tuple[str, bool, str], ...] = ()
 
     @classmethod
     def of(cls, *capabilities: Any, alternatives: Iterable[tuple[str, Alternatives]] = (),
@@ -114,17 +146,20 @@ class Needs:
                    layer_caches or families is not None, families, {str(i): name for i, (name, _) in enumerate(named)})
 
     @classmethod
-    def drawn_under(cls, recorded: Mapping[str, Any]) -> Needs:
+    def drawn_under(cls, recorded: Mapping[str, Any], claims: Mapping[str, Any] | None = None) -> Needs:
         """A trace's program, drawn under ``recorded`` declarations (its ``declarations``: name -> {"value",
-        "relied_on_by"}): applicable where the adapter's declarations admit it. UnknownDeclaration for a name
-        this suite does not read."""
-        kept = []
+        "relied_on_by"}) and ``claims`` (capability -> {"value": claimed, "relied_on_by"}): applicable where the
+        adapter's declarations admit it and it claims what the later steps relied on being claimed, and nothing
+        they relied on being unclaimed. UnknownDeclaration for a name this suite does not read."""
+        kept, claimed = [], []
         for name, entry in sorted(recorded.items()):
             declaration(name)
-            if not isinstance(entry, Mapping) or "value" not in entry:
-                raise UnknownDeclaration(f"declaration {name!r}: expected {{'value', 'relied_on_by'}}, got {entry!r}")
-            kept.append((name, entry["value"], ", ".join(entry.get("relied_on_by", ())) or "the program"))
-        return cls(declarations=tuple(kept))
+            kept.append((name, _value(name, entry), ", ".join(entry.get("relied_on_by", ())) or "the program"))
+        for capability, entry in sorted((claims or {}).items()):
+            if not isinstance(_value(capability, entry), bool):
+                raise UnknownDeclaration(f"claim {capability!r}: its value must be true or false, got {entry!r}")
+            claimed.append((capability, entry["value"], ", ".join(entry.get("relied_on_by", ())) or "the program"))
+        return cls(declarations=tuple(kept), claims=tuple(claimed))
 
     def problem(self, adapter: Any) -> str | None:
         """Why ``adapter`` is not offered what needs this (None: it is)."""
@@ -153,7 +188,21 @@ class Needs:
             if not declaration(declared_name).admits(recorded, here):
                 return (f"{name} declares {declared_name} {here!r}, but the trace was drawn under {recorded!r}, "
                         f"which {relied_on_by} relied on")
+        for capability, claimed, relied_on_by in self.claims:
+            if claimed and capability not in capabilities:
+                return (f"{name} does not claim {capability}, but the trace's later steps were drawn after "
+                        f"{relied_on_by} rejected under it (an adapter that does not claim it may accept, and the "
+                        "state those steps were drawn on is then replaced)")
+            if not claimed and capability in capabilities:
+                return (f"{name} claims {capability}, but the trace's later steps were drawn after {relied_on_by} "
+                        "accepted without it, and the state replaced (an adapter claiming it rejects the call)")
         return None
+
+
+def _value(name: str, entry: Any) -> Any:
+    if not isinstance(entry, Mapping) or "value" not in entry:
+        raise UnknownDeclaration(f"{name!r}: expected {{'value', 'relied_on_by'}}, got {entry!r}")
+    return entry["value"]
 
 
 def declared_here(adapter: Any, names: Iterable[str]) -> str:

@@ -62,6 +62,13 @@ class Due:
             return VALID
         return cls(kind, claim or CLAIMED_BY[kind].value)
 
+    @classmethod
+    def outside(cls, kind: ErrorKind) -> Due:
+        """The due of a call outside what the specification judges (a whole model's shift past its positions):
+        no capability claims it, so it is judged as an unclaimed check -- a refusal, any exception, changes
+        nothing; an acceptance is not judged and its object is replaced. ``kind``: what a refusal would be."""
+        return cls(kind, None)
+
     def expect(self, capabilities: frozenset[str]) -> Expect:
         if self.kind is None:
             return Expect.SUCCESS if self.may_refuse is None else Expect.SUCCESS_OR_REFUSAL

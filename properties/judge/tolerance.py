@@ -3,24 +3,21 @@
 - ``float64`` (the default): every output and cached row within 1e-12
   absolute of the oracle, on the documented input ranges
   (``generate/``). This never loosens.
-- ``float32``, ``float16``, ``bfloat16``: FlashAttention's rule instead of a
-  guessed constant. The implementation's worst error against the oracle may
-  be at most ``FACTOR`` times the worst error of the naive full-prefix
-  computation done in the same dtype (the oracle's own code with every
-  scalar operation rounded to the dtype, ``oracle.numpy_precision``), plus a
-  floor of ``FLOOR_ULPS`` units in the last place of the dtype at the
-  expected values' magnitude.
+- ``float32``, ``float16``, ``bfloat16``: the error any correct evaluation in the dtype may have, not what
+  one evaluation happened to have. The oracle's own computation runs over scalars that carry, beside their
+  value, the rounding error an evaluation of them in the dtype may have, whatever its summation order,
+  blocking or fusion (``oracle.rounding_errors``: running error analysis, errors combined as independent
+  random quantities); the implementation's worst error against the oracle may be at most ``FACTOR`` times
+  the largest of those estimates over the compared array, plus a floor of ``FLOOR_ULPS`` units in the last
+  place of the dtype at the expected values' magnitude.
 
-Why the floor is 8 ulps: FlashAttention compares maxima over large tensors,
-where a lucky naive result is averaged away; here a step may have a single
-output element, and the naive computation is sometimes lucky. Measured by
-``python bench/run.py --only tolerance`` (13,489 float32 steps of
-``examples/minimal_adapter.py:make_float32_adapter`` on random layers): the
-implementation's error reaches 5.3 ulps at the output's magnitude; the
-ratio error / (2 x naive + 1 ulp) reaches 1.68, over 1 in 25 steps (a false
-alarm every ~500 steps); error / (2 x naive + 8 ulps) reaches 0.43. That
-is on the documented input ranges: the layer machine's peaked rows (inputs
-up to 60) are drawn for float64 implementations only.
+Why not the naive evaluation's own error (FlashAttention's rule, until change 37 of docs/spec.md): on one
+input it is one sample, sometimes a lucky one. A textbook float32 Llama with no cache failed the model
+machine by 2.5e-6 where the naive evaluation erred by 1.4e-7. Measured by ``python bench/run.py --only
+margins``: correct float32 layers and models of other summation orders, blockings and fusions, and the
+oracle evaluated with every operation rounded in a random direction, err by at most a third of the
+estimate at model level (and at most 1.3 times it per layer output row): error / tolerance stays below
+0.7.
 
 - ``float64`` with ``mixed_precision`` components (a float64 model whose
   RoPE table or softmax runs in float32, e.g. Hugging Face's
@@ -72,18 +69,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..oracle import COMPONENTS, FLOAT64, NumberSystem, StorageFormat, mixed_precision, numpy_precision
+from ..oracle import (
+    COMPONENTS,
+    FLOAT64,
+    NumberSystem,
+    StorageFormat,
+    mixed_precision,
+    numpy_precision,
+    rounding_errors,
+)
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
 from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_storage
 from .checks import assert_close
 from .failures import NonConformance
 
 ABSOLUTE = 1e-12  # float64, on the documented ranges
-FACTOR = 2.0  # FlashAttention's tests: |out - ref| <= 2 |out_naive - ref| (+ a floor)
+FACTOR = 2.0  # |out - ref| <= 2 x the baseline's error (FlashAttention's tests, for a naive baseline)
 FLOOR_ULPS = 8.0
 STORAGE_FLOOR_UNITS = 1.0  # bench/run.py --only storage
 _EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
@@ -139,14 +145,16 @@ class Judge:
         """The element type of a whole model's cache, as this judge reads it."""
         return self.dtype if self.storage is None else self.storage.format
 
-    @property
+    @cached_property
     def naive(self) -> NumberSystem | None:
-        """The number system of the naive computation the budget is measured on (None: a fixed 1e-12)."""
+        """The number system of the baseline the budget is measured on (None: a fixed 1e-12): the naive
+        computation (its readout values, whose error is the budget), or for a dtype computed throughout
+        without narrower storage the rounding errors any evaluation in it may have (its readout the errors)."""
         if self.components:
             return mixed_precision(self.components)
         if self.dtype == "float64":
             return FLOAT64 if self.storage is not None else None
-        return numpy_precision(self.dtype)
+        return numpy_precision(self.dtype) if self.storage is not None else rounding_errors(self.dtype)
 
     @property
     def rule(self) -> str:
@@ -168,8 +176,9 @@ class Judge:
                     f"+ {ABSOLUTE:.0e}, against the {self.oracle.name} oracle")
         if self.dtype == "float64":
             return f"float64: |error| <= {ABSOLUTE:.0e} absolute against the {self.oracle.name} oracle"
-        return (f"{self.dtype}: |error| <= {FACTOR:g} x |error of the naive {self.dtype} full-prefix computation| "
-                f"+ {FLOOR_ULPS:g} {self.dtype} ulps at the expected magnitude, against the {self.oracle.name} oracle")
+        return (f"{self.dtype}: |error| <= {FACTOR:g} x the rounding error any {self.dtype} evaluation of the "
+                f"full-prefix computation may have (estimated from each step's condition) + {FLOOR_ULPS:g} "
+                f"{self.dtype} ulps at the expected magnitude, against the {self.oracle.name} oracle")
 
     def reference(self, compute: Callable[[NumberSystem], T],
                   stored: Callable[[NumberSystem], T] | None = None) -> Reference[T]:
@@ -187,7 +196,8 @@ class Judge:
     def tolerance(self, expected: np.ndarray, naive: np.ndarray | None) -> float:
         if naive is None or (self.dtype == "float64" and not self.components and self.storage is None):
             return ABSOLUTE
-        error = np.abs(np.asarray(naive, dtype=np.float64) - expected)
+        baseline = np.asarray(naive, dtype=np.float64)
+        error = baseline if self.naive is not None and self.naive.reads_errors else np.abs(baseline - expected)
         budget = float(np.max(np.where(np.isfinite(error), error, np.inf), initial=0.0))
         scale = float(np.max(np.abs(expected), initial=1.0))
         if self.storage is not None:

@@ -80,6 +80,7 @@ class ConformanceMachine(TracedMachine):
         judged = judge_call(self.adapter, self.capabilities, self.tape.expect, what, action, due=due, inputs=inputs,
                             observe=observe, replace=replace, held=held, **details)
         expect = due.expect(self.capabilities)
+        self.tape.judged(expect.value, judged.replaced)
         self.exercise[(self._rule(), call_outcome(expect, judged))] += 1
         if expect is Expect.REJECTION and due.claim is not None:
             self.claims_rejected[due.claim] += 1

@@ -40,6 +40,7 @@ OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capabil
 CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
 REORDERS = ("any indices", "a reorder that moves rows, on rows held")
+CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then a row")
 WRAPPED = "a window cache that has wrapped"  # a further case of a windowed run: a ring that has let rows go
 REJECTED_CHUNK_MEETS = (*MEETS, WRAPPED)
 
@@ -145,10 +146,14 @@ class CacheOperationsMachine(LayerSteps):
         window_truncates_until_full: it truncates while it holds fewer than W rows (W + S with S sinks, declared
         window_full_counts_sinks), and refuses every truncation with EVICTED from then on. On purpose, a stale cache
         holding rows, cut, then a row: REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache
-        bound to the parameters its rows were computed with; one that binds itself anew takes a stale cache back."""
-        if data.optional(g.on_purpose("the cache as it is", "a stale cache, then a row"), "cuts",
-                         "the cache as it is") == "a stale cache, then a row":
+        bound to the parameters its rows were computed with; one that binds itself anew takes a stale cache back. And
+        a cache holding rows, cut below its length, then a row (a cut that removes rows held, not only a stale
+        one's)."""
+        cuts = data.optional(g.on_purpose(*CUTS), "cuts", CUTS[0])
+        if cuts == CUTS[1]:
             self._truncate_a_stale_cache_then_append(data)
+        elif cuts == CUTS[2]:
+            self._truncate_rows_held_then_append(data)
         else:
             self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
 
@@ -178,6 +183,17 @@ class CacheOperationsMachine(LayerSteps):
             self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows)), label="n"))
+
+    def _truncate_rows_held_then_append(self, data: Draws) -> None:
+        """A cache holding rows cut below its length (the rows after n removed), then a row at position n."""
+        self.hold_rows(data)
+        self._truncate(data.draw(st.integers(0, len(self.model.rows) - 1), label="n"))
+        x = data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row")
+        due = self._due()  # a refused or replaced cut leaves the cache as it was, or a fresh one
+        if due.kind is None:
+            self._append_and_check(x, "append a row to a cache, cut")
+        else:
+            self._step(x, due, f"append a row to a {'stale' if self.model.stale else 'full'} cache, cut")
 
     def _truncate_a_stale_cache_then_append(self, data: Draws) -> None:
         self.hold_rows(data)

@@ -176,6 +176,10 @@ class ModelLimits:
             raise ModelPolicyError(f"model_limits: min_vocab {limits.min_vocab} > max_vocab {limits.max_vocab}")
         return limits
 
+    def described(self) -> dict[str, Any]:
+        """The limits that differ from the suite's own ranges (for reports)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
     def model_problem(self, config: ModelConfig) -> str | None:
         """Why a model of this configuration is outside the limits (None: inside)."""
         bounds = [("max_vocab", config.vocab), ("max_model_width", config.model_width),
@@ -238,8 +242,10 @@ def model_methods(capabilities: frozenset[str]) -> list[str]:
 class ModelAdapter(Protocol):
     """Drives one whole-model engine for the suite (capability ``whole_model``).
 
-    Positions and sequence ids are Python ints (as the suite built them, valid or not); a range ``p0, p1``
-    is ``[p0, p1)`` with ``p0 < 0`` meaning from 0 and ``p1 < 0`` meaning to the end, as llama.h says.
+    A batch's token ids and positions are Python ints or numpy integer scalars (``np.int64``, ``np.int32``:
+    both are ints, docs/spec.md §15.3), its sequence ids and every operation's arguments Python ints (as the
+    suite built them, valid or not). A range ``p0, p1`` is half-open, ``[p0, p1)``: any negative ``p0``
+    means from 0, any negative ``p1`` to the end, and ``p1`` is never in it (docs/spec.md §15.4).
     """
 
     name: str
@@ -285,17 +291,20 @@ class ModelAdapter(Protocol):
 
     def seq_shift(self, context: Any, seq: int, p0: int, p1: int, delta: int) -> None:
         """``seq_shift``: add ``delta`` to the positions of ``seq``'s cells in the range; their keys are rotated
-        to the new positions, their values and every deeper layer stay as computed (not a recomputation)."""
+        to the new positions, their values and every deeper layer stay as computed (not a recomputation). A
+        shift past ``max_positions`` is outside the model: accepted, or refused changing nothing."""
 
     def seq_divide(self, context: Any, seq: int, p0: int, p1: int, d: int) -> None:
         """``seq_divide``: positions ``p`` in the range become ``p // d`` (``d >= 1``), keys re-rotated."""
 
     def save_sequence(self, context: Any, seq: int) -> Any:
-        """``seq_state``: ``seq``'s cells, as bytes or any object ``load_sequence`` takes back."""
+        """``seq_state``: ``seq``'s cells, as bytes or any object ``load_sequence`` takes back; self-contained
+        (nothing done to ``context`` afterwards changes what it loads)."""
 
     def load_sequence(self, context: Any, seq: int, state: Any) -> None:
-        """``seq_state``: ``seq`` (of this or another context of the same model) holds exactly the saved cells
-        (its own removed first); ``full`` if they do not fit."""
+        """``seq_state``: ``seq`` (of this or another context of the same model, of the same kind and sequence
+        count, any cell count) holds exactly the saved cells (its own removed first); ``full`` if they do not
+        fit."""
 
     def error_kind(self, error: BaseException) -> str | None:
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""

@@ -102,12 +102,14 @@ def markdown(section: Mapping[str, Any]) -> list[str]:
     if not section.get("machines"):
         return []
     lines = ["## What the run exercised", "",
-             "Per machine and rule, over every example: how often it ran, how its judged calls ended (rejected: "
-             "a claimed check raised its kind; refused: an allowed refusal; raised: an unclaimed check raised; "
-             "replaced: an unclaimed input accepted, the object replaced), and the interesting cases it met.", ""]
+             "Per machine and rule, over every example: how often it ran (runs: a rule that sets up a chain makes "
+             "several calls in one run), how its judged calls ended (rejected: a claimed check raised its kind; "
+             "refused: an allowed refusal; raised: an unclaimed check raised; replaced: an unclaimed input "
+             "accepted, the object replaced), and the interesting cases it met.", ""]
     for machine, rules in section["machines"].items():
         columns = [*OUTCOMES, *cases(rules)]
-        lines += [f"### `{machine}`", "", "| rule | " + " | ".join(columns) + " |",
+        headers = ["runs", *(f"calls {o}" for o in CALL_OUTCOMES), *(f"met: {c}" for c in cases(rules))]
+        lines += [f"### `{machine}`", "", "| rule | " + " | ".join(headers) + " |",
                   "|---|" + "---|" * len(columns)]
         lines += [f"| `{rule}` | " + " | ".join(str(counts.get(c, 0) or "") for c in columns) + " |"
                   for rule, counts in rules.items()]

@@ -176,6 +176,7 @@ def _activate(config: pytest.Config) -> None:
         config.pluginmanager.register(first_failure.FirstFailure(), "kvcache-first-failure")
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(CauseSearches(), "kvcache-cause-searches")
+        config.pluginmanager.register(SuiteErrors(), "kvcache-suite-errors")
         config.pluginmanager.register(exercise.ExerciseSummary(adapter.capabilities), "kvcache-exercise")
     report = config.getoption("--kv-report")
     if report and not hasattr(config, "workerinput"):  # the controller collects what the workers report
@@ -201,6 +202,27 @@ class CauseSearches:
         terminalreporter.section("kvcache: cause searches stopped at a bound")
         for nodeid, search in self.bounded.items():
             terminalreporter.write_line(f"{nodeid}: {search['said']}")
+
+
+class SuiteErrors:
+    """At the end of the run, on the terminal: every suite error met (a bug of the suite, counted by pytest as a
+    skip, never the implementation's failure; the report lists them in ``suite_errors``)."""
+
+    def __init__(self) -> None:
+        self.met: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.skipped and dict(report.user_properties).get("kv_suite_error"):
+            longrepr = report.longrepr
+            text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.met[report.nodeid] = text.removeprefix("Skipped: ").splitlines()[0]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.met:
+            return
+        terminalreporter.section("kvcache: suite errors (bugs of the suite, not verdicts about the implementation)")
+        for nodeid, text in self.met.items():
+            terminalreporter.write_line(f"{nodeid}: {text}")
 
 
 def _budget(config: pytest.Config) -> None:
@@ -243,6 +265,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and call.excinfo is not None and isinstance(call.excinfo.value, SuiteError):
         item.user_properties.append(("kv_suite_error", True))  # the report's outcome "suite error"
         report.user_properties = list(item.user_properties)
+        # never the implementation's failure, so never the run's: pytest counts it skipped (exit status 0 if
+        # nothing else failed); the report and the terminal list it apart (SuiteErrors)
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
     described = getattr(item, "hypothesis_statistics", None)
     if report.when == "call" and described and not any(name == "kv_runs" for name, _ in item.user_properties):
         runs = examples_from_statistics(described)

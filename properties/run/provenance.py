@@ -13,6 +13,8 @@ import hypothesis
 import numpy as np
 
 from ..protocol.declarations import LayerLimits
+from ..protocol.kinds import Capability
+from ..protocol.model import ModelLimits, ModelPolicy, declared_kv_storage
 
 SUITE = Path(__file__).resolve().parents[1]  # the suite's package: properties/ in a clone, else kvcache_conformance/
 # A clone of the repository (its reference beside the suite), else None: an installed suite has no checkout.
@@ -30,9 +32,14 @@ def suite_paths() -> list[str]:
 
 
 def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
-    return {"implementation": str(adapter.name), "implementation_version": str(adapter.version),
-            "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
-            "capabilities": sorted(adapter.capabilities), "layer_limits": LayerLimits.of(adapter).described()}
+    """What the adapter declares, as a report states it: two declarations never read alike."""
+    facts = {"implementation": str(adapter.name), "implementation_version": str(adapter.version),
+             "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
+             "capabilities": sorted(adapter.capabilities), "layer_limits": LayerLimits.of(adapter).described()}
+    if Capability.WHOLE_MODEL.value in adapter.capabilities:  # docs/spec.md §15.6-§15.7
+        facts.update(kv_storage=declared_kv_storage(adapter), model_policy=ModelPolicy.of(adapter).described(),
+                     model_limits=ModelLimits.of(adapter).described())
+    return facts
 
 
 @cache

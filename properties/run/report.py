@@ -105,7 +105,7 @@ class ConformanceReport:
             decided = ("cut short", decided[1])  # by --kv-budget: what ran passed, and that is no pass
         if decided is not None and not (report.when == "teardown" and entry["outcome"] != "passed"):
             entry["outcome"], entry["reason"] = decided
-            if decided[0] == "failed" and entry.get("suite_error"):
+            if decided[0] in ("failed", "skipped") and entry.get("suite_error"):
                 entry["outcome"] = "suite error"
             if entry["outcome"] == "xfailed" and getattr(report.longrepr, "reprcrash", None) is not None:
                 entry["failure"] = _first_line(report)
@@ -256,9 +256,13 @@ def causes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def suite_errors(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every suite error met, with its property and trace: bugs of the suite, never counted as the
     implementation's failures."""
-    return [{"property": e["property"], "kind": cause["kind"], "message": cause.get("message"),
-             "trace": cause.get("trace")}
-            for e in entries for cause in e.get("causes") or () if cause.get("suite_error")]
+    listed = [{"property": e["property"], "kind": cause["kind"], "message": cause.get("message"),
+               "trace": cause.get("trace")}
+              for e in entries for cause in e.get("causes") or () if cause.get("suite_error")]
+    searched = {error["property"] for error in listed}
+    return listed + [{"property": e["property"], "kind": e.get("failure_kind") or "suite error",  # (no search: a
+                      "message": (e.get("reason") or "").split("\n")[0], "trace": e.get("trace")}  # replayed trace)
+                     for e in entries if e["outcome"] == "suite error" and e["property"] not in searched]
 
 
 def bounded_searches(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -301,7 +305,9 @@ def markdown(document: dict[str, Any]) -> str:
                   "a larger budget runs more.", ""]
     lines += [
         f"- implementation: `{impl['spec']}`, dtype {impl['dtype']}; capabilities: {', '.join(impl['capabilities'])}"
-        + (f"; layers drawn only within {impl['layer_limits']}" if impl.get("layer_limits") else ""),
+        + (f"; layers drawn only within {impl['layer_limits']}" if impl.get("layer_limits") else "")
+        + (f"; whole models: kv_storage {impl['kv_storage']}, model_policy {impl['model_policy']}, model_limits "
+           f"{impl['model_limits'] or 'none'}" if "model_policy" in impl else ""),
         f"- rule: {document['rule']}",
         f"- suite {suite['version']} at {suite['commit'] or 'an unknown commit'}; Python {env['python']}, "
         f"numpy {env['numpy']}, Hypothesis {env['hypothesis']}",

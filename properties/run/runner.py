@@ -218,6 +218,7 @@ def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_
     tape = instance.tape
     relied_on = MACHINES[machine].relied_on(step.rule for step in tape.steps)
     drawn_under = declared_values(adapter, relied_on)
+    steps = [step.to_json() for step in tape.steps]
     return {
         "format": codec.FORMAT,
         "format_version": codec.FORMAT_VERSION,
@@ -228,12 +229,14 @@ def _document(machine: str, adapter: KvCacheAdapter, spec: str | None, property_
         # what the program's draws relied on besides capabilities: replayed only where these admit it
         "declarations": {name: {"value": drawn_under[name], "relied_on_by": rules}
                          for name, rules in relied_on.items()},
+        # the claims its later steps relied on: a rejection under one, an acceptance without one (format 5)
+        "claims": recording.claims_relied_on(steps),
         "recorded_with": {
             **implementation_facts(adapter, spec), "oracle": numbers.name, "rule": result.rule, **environment_facts()},
         "failure": {"step": result.failing_step, "rule": tape.steps[-1].rule, "kind": kind_of(result.failure),
                     "check": check_of(result.failure), "changed": list(cause_of(result.failure).changed),
                     "message": str(result.failure).split("\n\ncounterexample trace:")[0]},
-        "steps": [step.to_json() for step in tape.steps],
+        "steps": steps,
     }
 
 

@@ -8,7 +8,11 @@ it is not plain C order; the suite's own dataclasses are tagged by name.
 Format versions: 1, values only; 2, arrays record their layout (and object
 arrays); 3, every expectation in the call policy's one vocabulary
 (``judge.policy.Expect``); 4, the declarations besides capabilities its draws relied on (``declarations``:
-name -> the value and the rules that relied on it, ``generate.needs.DECLARATIONS``). All four are read.
+name -> the value and the rules that relied on it, ``generate.needs.DECLARATIONS``); 5, what the later steps relied
+on of the adapter's claims (``claims``: capability -> claimed, and the steps: a rejection under it, an acceptance
+without it), what became of each call not claimed (an expectation's ``outcome``: raised or replaced), and what
+the adapter showed that the draws depend on (a step's ``observed``: a context's cells). All five are read (of
+1-4, the claims rejections relied on are read from their steps).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from ..oracle import (
 )
 
 FORMAT = "kvcache-conformance-trace"
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 _DATACLASSES = {cls.__name__: cls for cls in (AttentionWeights, Argument, DecoderConfig, DecoderWeights,
                                               LayerConfig, MalformedRow, RopeConfig,
                                               ModelConfig, ContextConfig, ModelBatch, ModelWeights, LayerWeights)}

@@ -17,7 +17,7 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 
 from ..generate.layers import limits_problem, requirements_of
 from ..generate.layouts import same_layout_copy
-from ..generate.needs import declaration
+from ..generate.needs import declaration, observation_problem
 from ..judge.failures import Cause, NonConformance, cause_of
+from ..judge.policy import Expect
 from ..protocol.declarations import LayerLimits
+from ..protocol.kinds import CLAIMED_BY, ErrorKind
 from .codec import TraceError, decode, encode
 
 _SPEC = "_kvcache_rule"
@@ -43,6 +45,12 @@ class NotApplicable(Exception):
     """A trace step cannot be replayed against this implementation (a capability it does not declare)."""
 
 
+# What became of a call whose first failing check was not claimed, as a trace records it (format 5): the later
+# steps were drawn on the state it left, unchanged if it raised, a new object if it was accepted.
+RAISED, REPLACED = "raised", "replaced"
+REJECTION, UNCLAIMED = Expect.REJECTION.value, Expect.UNCLAIMED.value  # as traces hold them
+
+
 # -- recording and playing back one machine run ---------------------------------------------------------
 
 @dataclass
@@ -55,11 +63,14 @@ class Step:
     arguments: dict[str, Any]
     draws: list[tuple[str | None, Any]]  # (label, value), in drawing order
     expected: list[dict[str, Any]]  # what the call policy expected of each adapter call
+    observed: list[tuple[str, Any]] = field(default_factory=list)  # what the adapter showed that draws depend on
 
     def to_json(self) -> dict[str, Any]:
         return {"rule": self.rule, "arguments": {k: encode(v) for k, v in self.arguments.items()},
                 "draws": [{"label": label, "value": encode(value)} for label, value in self.draws],
-                "expected": [{k: encode(v) for k, v in expectation.items()} for expectation in self.expected]}
+                "expected": [{k: encode(v) for k, v in expectation.items()} for expectation in self.expected],
+                **({"observed": [{"label": label, "value": encode(value)} for label, value in self.observed]}
+                   if self.observed else {})}
 
 
 def _kept(value: Any) -> Any:
@@ -88,6 +99,19 @@ class Tape:
         """What the specification requires of the adapter call ``call`` (for readers of the trace)."""
         if self.steps:
             self.steps[-1].expected.append({"call": call, **outcome})
+
+    def judged(self, expect: str, replaced: bool) -> None:
+        """What became of the call just expected (``expect``: its ``judge.policy.Expect`` value): for a check not
+        claimed, whether it raised or was accepted (and its object replaced) -- the later steps rely on it
+        (``claims_relied_on``)."""
+        if expect == UNCLAIMED and self.steps and self.steps[-1].expected:
+            self.steps[-1].expected[-1]["outcome"] = REPLACED if replaced else RAISED
+
+    def observe(self, label: str, value: Any) -> None:
+        """Something the adapter showed that later draws depend on (a context's cells): replay compares it
+        (``generate.needs.OBSERVATIONS``)."""
+        if self.steps:
+            self.steps[-1].observed.append((label, value))
 
 
 class Draws(Protocol):
@@ -130,15 +154,64 @@ class Playback(Tape):
         self._recorded = iter(steps)
         self._left = len(steps)  # steps not yet begun
         self._draws: list[dict[str, Any]] = []
+        self._step: dict[str, Any] = {}
+        self._observed: list[dict[str, Any]] = []
         self.capabilities, self.limits = capabilities, limits or LayerLimits()
+        self.adapter: Any = None  # named in what does not apply (replay sets it)
+        # where this replay's state parted from the recorded run's, as far as the trace can tell: a call not claimed
+        # whose outcome (raised, or accepted and replaced) differs, or is not recorded (formats 1-4)
+        self.parted: str | None = None
 
     def begin(self, rule: str, arguments: dict[str, Any]) -> None:
         super().begin(rule, arguments)
         recorded = next(self._recorded, None)
         if recorded is None or recorded["rule"] != rule:
             raise TraceError(f"replay ran rule {rule}, but the trace has {recorded and recorded['rule']}")
+        self._step = recorded
         self._draws = list(recorded["draws"])
+        self._observed = list(recorded.get("observed", ()))
         self._left -= 1
+
+    def finish_step(self, declared: str | None = None) -> None:
+        """After a step ran: every value recorded for it must have been drawn, or the replay took another path.
+        ``declared``: what the adapter declares of the declarations the rule relies on, for the reason."""
+        if self._draws:
+            why = (self.parted or (f"what it draws depends on the state and on {declared}" if declared else None)
+                   or "what a rule draws depends on the adapter: what it declares, what it shows, a context's cells, "
+                      "say, and what it does with a call it does not claim")
+            raise NotApplicable(f"the step did not draw the recorded {', '.join(repr(d['label']) for d in self._draws)}"
+                                f": here it took another path than the recorded run ({why})")
+
+    def judged(self, expect: str, replaced: bool) -> None:
+        super().judged(expect, replaced)
+        index = len(self.steps[-1].expected) - 1 if self.steps else -1
+        recorded = self._step.get("expected", [])
+        if expect not in (UNCLAIMED, REJECTION) or self.parted is not None or not 0 <= index < len(recorded):
+            return
+        entry, here = recorded[index], REPLACED if replaced else RAISED
+        rejected = entry.get("expect") == REJECTION or "rejected" in entry  # ("rejected": formats 1 and 2)
+        unclaimed = entry.get("expect") == UNCLAIMED or "first_failing_check" in entry
+        if not (rejected or unclaimed):
+            return
+        was = entry.get("outcome") or (RAISED if rejected else None)
+        where = f"step {len(self.steps) - 1} ({self.steps[-1].rule}): {entry.get('call')}"
+        if was is None:
+            self.parted = (f"{where}: {'accepted without a claim' if replaced else 'raised'} here, and the trace "
+                           "(of a format before 5) does not say what the recorded run did with it, unclaimed")
+        elif was != here:
+            recorded_run = "accepted and replaced" if was == REPLACED else "raised, changing nothing,"
+            self.parted = (f"{where}: {'accepted without a claim and replaced' if replaced else 'raised'} here, "
+                           f"but {recorded_run} in the recorded run")
+
+    def observe(self, label: str, value: Any) -> None:
+        super().observe(label, value)
+        recorded = next((entry for entry in self._observed if entry["label"] == label), None)
+        if recorded is None:  # (formats 1-4, or an object replaced only here)
+            return
+        self._observed.remove(recorded)
+        problem = observation_problem(label, decode(recorded["value"]), value, self.adapter)
+        if problem is not None:
+            raise NotApplicable(problem)
 
     def data(self, data: Any) -> Any:
         return self
@@ -342,6 +415,35 @@ def initializers_of(cls: type[TracedMachine]) -> frozenset[str]:
 
 def invariants_of(cls: type[TracedMachine]) -> list[Callable[[Any], None]]:
     return [getattr(cls, name) for name, spec in cls.specs().items() if spec.kind == "invariant"]
+
+
+def claims_relied_on(steps: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The claims a trace's later steps relied on, from its recorded steps (any format): every call followed by a
+    later step or a later call whose check was claimed and which was rejected (the state left unchanged), and, from
+    format 5, every one whose check was not claimed and which was accepted (the state replaced). The checks after a
+    step (``Expect.STATE``) read whatever state there is: they rely on nothing. Capability -> {"value": claimed,
+    "relied_on_by": ["step 2 (malformed_batch)", ...]}."""
+    found: dict[str, dict[str, Any]] = {}
+    followed = False  # by a later call of the last step
+    for index in reversed(range(len(steps))):
+        for entry in reversed(steps[index].get("expected", ())):
+            if entry.get("expect") == Expect.STATE.value or ("expect" not in entry and
+                                                             entry.get("call") == "after the last step"):
+                continue  # (formats 1 and 2 name it only)
+            relied, followed = followed or index < len(steps) - 1, True
+            if not relied:
+                continue
+            if entry.get("expect") == REJECTION or "rejected" in entry:  # ("rejected": formats 1 and 2)
+                kind = entry.get("kind") or entry.get("rejected")
+                claim, claimed = entry.get("claim") or CLAIMED_BY[ErrorKind(kind)].value, True
+            elif entry.get("outcome") == REPLACED:
+                claim, claimed = entry["claim"], False
+            else:
+                continue
+            where = found.setdefault(claim, {"value": claimed, "relied_on_by": []})["relied_on_by"]
+            if f"step {index} ({steps[index]['rule']})" not in where:
+                where.insert(0, f"step {index} ({steps[index]['rule']})")
+    return dict(sorted(found.items()))
 
 
 def _declarations(names: Iterable[str]) -> frozenset[str]:

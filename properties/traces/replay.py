@@ -10,8 +10,10 @@ from the oracle, as in the original run. Each step's outcome is printed; at
 the first divergence, what differed: the error kind expected and got, or the
 worst error with its batch, head, position and feature, and the tolerance.
 
-A trace that needs a capability the implementation does not declare is not
-applicable: it says which, and where. Exit status: 0 if every trace conforms,
+A trace that needs a capability, declaration or claim the implementation does
+not make, or was recorded against what it does not show (a context's cells),
+is not applicable: it says which, and where; so is one whose replay leaves the
+recorded path (a call the implementation does not claim, accepted here). Exit status: 0 if every trace conforms,
 1 if one diverges, 2 if one is not applicable or unreadable. ``--json FILE``
 also writes each trace's verdict for programs: its status, the step, and a
 divergence's cause (kind, check, what a call that raised changed), never to be
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..generate.needs import Needs, UnknownDeclaration, declared_here
+from ..generate.needs import Needs, declared_here
 from ..judge.calls import AdapterHung
 from ..judge.failures import NonConformance, cause_of
 from ..judge.policy import Expect
@@ -73,18 +75,21 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
         raise codec.TraceError(f"unknown machine {document.get('machine')!r}; known: {sorted(MACHINES)}")
     capabilities = declared(adapter.capabilities)
     parameters = {k: codec.decode(v) for k, v in document.get("parameters", {}).items()}
-    # The one gate, as for the properties: what the machine run needs, what the trace says it needed, and the
-    # declarations its program was drawn under (format 4; older traces: the steps' own checks below).
+    # The one gate, as for the properties: what the machine run needs, what the trace says it needed, the
+    # declarations its program was drawn under (format 4; older traces: the steps' own checks below), and the
+    # claims its later steps relied on (format 5; older traces: read from their steps' expectations).
     try:
-        drawn_under = Needs.drawn_under(document.get("declarations", {}))
-    except UnknownDeclaration as error:
-        raise codec.TraceError(f"the trace's declarations: {error}") from error
+        claims = document["claims"] if "claims" in document else recording.claims_relied_on(document["steps"])
+        drawn_under = Needs.drawn_under(document.get("declarations", {}), claims)
+    except (KeyError, ValueError) as error:  # (UnknownDeclaration too)
+        raise codec.TraceError(f"the trace's declarations or claims: {error!s}") from error
     problem = (cls.needs(**parameters).problem(adapter) or Needs.of(*document.get("requires", ())).problem(adapter)
                or drawn_under.problem(adapter))
     if problem is not None:
         return verdict("not applicable", None, problem)
     machine: Any = cls(adapter, numbers=numbers, **parameters)  # type: ignore[call-arg]
-    machine.tape = recording.Playback(document["steps"], capabilities, LayerLimits.of(adapter))
+    machine.tape = tape = recording.Playback(document["steps"], capabilities, LayerLimits.of(adapter))
+    tape.adapter = adapter
     specs, invariants = cls.specs(), recording.invariants_of(cls)
     for index, step in enumerate(document["steps"]):
         name = step["rule"]
@@ -110,6 +115,7 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
             getattr(machine, name)(**arguments)
             for check in invariants:
                 check(machine)
+            tape.finish_step(declared_here(adapter, spec.relies_on) if spec.relies_on else None)
         except recording.NotApplicable as reason:  # a recorded value this implementation is not offered
             out(f"{shown}: NOT APPLICABLE\n    {reason}")
             return verdict("not applicable", index, f"no longer applies at step {index}: {reason}")
@@ -126,6 +132,13 @@ def replay(document: dict[str, Any], adapter: Any, *, numbers: NumberSystem = FL
                 out(f"    {describe(expectation)}{'' if number == len(expected) - 1 else ' -- ok'}")
             out("\n".join(f"    >> {line}" for line in str(failure).splitlines()))
             return verdict("diverges", index, str(failure), failure)
+        except Exception as error:  # the suite's own failure -- unless the replay had left the recorded path
+            if tape.parted is None:
+                raise
+            reason = (f"the recorded run's later steps were drawn on another state than this one ({tape.parted}), "
+                      "and its recorded values no longer fit the rules here")
+            out(f"{shown}: NOT APPLICABLE\n    {reason}\n    ({type(error).__name__}: {error})")
+            return verdict("not applicable", index, f"no longer applies at step {index}: {reason}")
         out(f"{shown}: ok")
         for expectation in machine.tape.steps[-1].expected:
             out(f"    {describe(expectation)}")
