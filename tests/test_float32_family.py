@@ -82,8 +82,8 @@ def _case_runs() -> list[object]:
     for case in sorted(CASES.glob("*.json")):
         for name in MODEL_MEMBERS:
             failing = (case.stem, name) in FAILS_TODAY
-            marks = [pytest.mark.xfail(strict=True, reason="issue 36: the rule allows 2 x the naive float32 error + "
-                                       "8 ulps; this correct member's error is more")] if failing else []
+            marks = [pytest.mark.xfail(strict=True, reason="issue 36: the precision rule fails this correct "
+                                       "member")] if failing else []
             runs.append(pytest.param(case, name, id=f"{case.stem}-{name}", marks=marks))
     return runs
 
