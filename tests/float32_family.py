@@ -427,6 +427,8 @@ class Float32CellModel(MinimalModelAdapter):
         return wanted
 
     def seq_divide(self, context: Context, seq: int, p0: int, p1: int, d: int) -> None:
+        if d < 1:  # before any cell moves (a numpy int divided by 0 gives 0 where a Python int raises)
+            raise ValueError(f"divisor {d!r}")
         for cell in context.of(seq):
             if self._in(cell, p0, p1):
                 cell.position //= d  # a shared cell moves for every sequence holding it
