@@ -188,6 +188,9 @@ def make_adapter() -> ReferenceAdapter:
     return ReferenceAdapter()
 
 
+_ZERO_POINT_NAMES = {"minimum": "", "level": ",zero point on a level", "extreme": ",larger extreme exact"}
+
+
 class QuantizedReferenceAdapter(ReferenceAdapter):
     """The reference with K/V rows stored rounded (docs/spec.md §13.6): computation in float64, storage
     declared, so the suite judges it by the storage rule."""
@@ -198,7 +201,7 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
         self.rule = rule
         self.storage = rule.declared()
         self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}"
-                     f"{',zero point on a level' if rule.zero_point == 'level' else ''}]" if rule.scale == "per_group"
+                     f"{_ZERO_POINT_NAMES[rule.zero_point]}]" if rule.scale == "per_group"
                      else f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]")
 
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
@@ -446,6 +449,12 @@ def make_uint4_group_adapter() -> QuantizedReferenceAdapter:
 def make_uint4_zero_point_adapter() -> QuantizedReferenceAdapter:
     """Affine 4-bit groups of 4 with the zero point on a level, so that 0 is exact (PyTorch's asymmetric rule)."""
     return QuantizedReferenceAdapter(StorageRule("uint4", "per_group", group=4, zero_point="level"))
+
+
+def make_uint4_extreme_adapter() -> QuantizedReferenceAdapter:
+    """Affine 4-bit groups of 4 as mlx's quantizer stores them: the value of larger magnitude exact, 0 on a level,
+    the range not widened."""
+    return QuantizedReferenceAdapter(StorageRule("uint4", "per_group", group=4, zero_point="extreme"))
 
 
 def make_float16_adapter() -> QuantizedReferenceAdapter:

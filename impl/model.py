@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ContextFull, InvalidModelConfig, MalformedBatch, SequenceOperationRefused
 from .rope import RopeConfig
-from .storage import BLOCK_FORMATS, stored_in_blocks
+from .storage import BLOCK_FORMATS, StorageRule, stored_in_blocks
 
 COPY_POLICIES = ("merge", "replace", "whole_only")
 _LAYER_ARRAYS = ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -157,11 +157,14 @@ class SequenceState:
 
 class ModelContext:
     """A context of ``cells`` cells for sequences ``0 .. max_sequences-1`` of one ``LlamaModel``; its keys and
-    values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's."""
+    values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's; a
+    block format's blocks cut from each head's row, or with ``blocks_along_row`` from each token's whole kv row;
+    or with ``kv_groups`` (affine groups) each head row rounded in groups, held in the model's dtype."""
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
-                 end_only_removal: bool = False, bounded_shifts: bool = True) -> None:
+                 end_only_removal: bool = False, bounded_shifts: bool = True, blocks_along_row: bool = False,
+                 kv_groups: StorageRule | None = None) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -171,8 +174,13 @@ class ModelContext:
         if copy_into_nonempty not in COPY_POLICIES:
             raise InvalidModelConfig(f"copy_into_nonempty must be one of {COPY_POLICIES}")
         s = model.shape
-        if kv_dtype in BLOCK_FORMATS and s.head_width % 32:
-            raise InvalidModelConfig(f"a {kv_dtype} cache stores blocks of 32 features: head width {s.head_width}")
+        row = s.kv_heads * s.head_width if blocks_along_row else s.head_width
+        if kv_dtype in BLOCK_FORMATS and row % 32:
+            raise InvalidModelConfig(f"a {kv_dtype} cache stores blocks of 32 features: "
+                                     f"{'a kv row' if blocks_along_row else 'a head'} of {row}")
+        if kv_groups is not None and (kv_groups.scale != "per_group" or s.head_width % kv_groups.group):
+            raise InvalidModelConfig(f"kv_groups must be affine groups that divide a head of {s.head_width}")
+        self.blocks_along_row, self.kv_groups = blocks_along_row, kv_groups
         self.model, self.unified, self.sequences = model, bool(unified), max_sequences
         self.shared_copies, self.copy_into_nonempty = shared_copies and self.unified, copy_into_nonempty
         self.end_only_removal = end_only_removal  # a removal that would leave cells after its range is refused
@@ -246,6 +254,12 @@ class ModelContext:
         return result
 
     def _as_stored(self, rows: np.ndarray) -> np.ndarray:
+        """``rows [..., KV, dh]`` as the cache holds them."""
+        if self.kv_groups is not None:  # rounded in float64, each head row's groups on their own
+            return self.kv_groups.round(rows.astype(np.float64), np.ones(1)).astype(self.kv_dtype)
+        if self.kv_blocks is not None and self.blocks_along_row:  # each token's heads side by side, then cut
+            whole = stored_in_blocks(rows.reshape(*rows.shape[:-2], -1), self.kv_blocks)
+            return whole.reshape(rows.shape).astype(self.kv_dtype)
         if self.kv_blocks is not None:
             return stored_in_blocks(rows, self.kv_blocks).astype(self.kv_dtype)
         return rows.astype(self.kv_dtype)

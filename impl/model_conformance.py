@@ -14,7 +14,7 @@ import numpy as np
 
 from . import errors
 from .model import LlamaModel, ModelContext, SequenceState
-from .storage import BLOCK_FORMATS
+from .storage import BLOCK_FORMATS, StorageRule
 
 MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
     errors.ContextFull: "full",
@@ -26,6 +26,27 @@ MODEL_ERROR_KINDS: dict[type[errors.KvCacheError], str] = {
 # What the model methods add to an adapter's capabilities (its model's own conventions are declared beside them).
 MODEL_CAPABILITIES = frozenset({"whole_model", "seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide",
                                 "seq_state", "validates_model_batch", "validates_sequence_ops"})
+
+
+def kv_format(kv_storage: Any) -> str | None:
+    """The element type of a ``kv_storage`` declaration: a name, or a block format's mapping's ``format``
+    (None for affine groups: rounded in groups, held in the model's dtype)."""
+    if isinstance(kv_storage, dict):
+        return None if kv_storage.get("scale") == "per_group" else str(kv_storage["format"])
+    return None if kv_storage is None else str(kv_storage)
+
+
+def kv_groups(kv_storage: Any) -> StorageRule | None:
+    """The affine groups a ``kv_storage`` mapping declares (None: none)."""
+    if not isinstance(kv_storage, dict) or kv_storage.get("scale") != "per_group":
+        return None
+    return StorageRule(kv_storage["format"], "per_group", group=kv_storage["group"],
+                       min_step=kv_storage.get("min_step", 0.0), zero_point=kv_storage.get("zero_point", "minimum"))
+
+
+def kv_along_row(kv_storage: Any) -> bool:
+    """Whether a ``kv_storage`` declaration cuts its blocks from each token's whole kv row."""
+    return isinstance(kv_storage, dict) and kv_storage.get("along") == "row"
 
 
 class ModelReferenceMethods:
@@ -43,7 +64,9 @@ class ModelReferenceMethods:
         copy = self.model_policy.get("copy_unified" if config.unified else "copy_per_sequence", "merge")
         return ModelContext(model, config.cells, config.max_sequences, config.unified,
                             shared_copies=self.model_policy.get("shared_copies", True), copy_into_nonempty=copy,
-                            kv_dtype=getattr(self, "kv_storage", None),
+                            kv_dtype=kv_format(getattr(self, "kv_storage", None)),
+                            blocks_along_row=kv_along_row(getattr(self, "kv_storage", None)),
+                            kv_groups=kv_groups(getattr(self, "kv_storage", None)),
                             end_only_removal=self.model_policy.get("removal", "any") == "end_only",
                             bounded_shifts=getattr(self, "bounded_shifts", True))
 
@@ -113,11 +136,47 @@ class LowPrecisionModelAdapter(ModelReferenceAdapter):
 
     capabilities = ModelReferenceAdapter.capabilities - {"float64"}
 
-    def __init__(self, dtype: str, kv_storage: str) -> None:
-        self.dtype, self.kv_storage = dtype, kv_storage
-        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}]"
-        if kv_storage in BLOCK_FORMATS:  # a head row is whole blocks of 32
-            self.model_limits = {"head_width_multiple": 32}
+    def __init__(self, dtype: str, kv_storage: str, *, along_row: bool = False) -> None:
+        self.dtype = dtype
+        self.kv_storage: str | dict[str, str] = {"format": kv_storage, "along": "row"} if along_row else kv_storage
+        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}{' along the kv row' if along_row else ''}]"
+        if kv_storage in BLOCK_FORMATS:  # a head row, or a token's whole kv row, is whole blocks of 32
+            self.model_limits = {"kv_width_multiple" if along_row else "head_width_multiple": 32}
+
+
+def make_q8_0_row_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a q8_0 cache whose blocks are cut from each token's whole kv row (all kv heads):
+    heads of 16 taken, two of them one block."""
+    return LowPrecisionModelAdapter("float32", "q8_0", along_row=True)
+
+
+def make_q4_0_row_model_adapter() -> LowPrecisionModelAdapter:
+    """Float32 computation over a q4_0 cache whose blocks are cut from each token's whole kv row."""
+    return LowPrecisionModelAdapter("float32", "q4_0", along_row=True)
+
+
+class AffineCacheModelAdapter(ModelReferenceAdapter):
+    """The reference computing in ``dtype`` over a cache of affine groups (``rule``, as a layer's ``storage``
+    declares them: mlx-lm's ``QuantizedKVCache`` stores so), declared as ``kv_storage``; heads the group divides."""
+
+    capabilities = ModelReferenceAdapter.capabilities - {"float64"}
+
+    def __init__(self, dtype: str, rule: StorageRule) -> None:
+        self.dtype, self.kv_storage = dtype, rule.declared()
+        self.model_limits = {"head_width_multiple": rule.group}
+        self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {rule.format} groups of {rule.group}" + (
+            f", zero point {rule.zero_point}]" if rule.zero_point != "minimum" else "]")
+
+
+def make_uint4_groups_model_adapter() -> AffineCacheModelAdapter:
+    """Float32 computation over affine 4-bit groups of 4 (the grid from each group's minimum)."""
+    return AffineCacheModelAdapter("float32", StorageRule("uint4", "per_group", group=4))
+
+
+def make_uint4_extreme_model_adapter() -> AffineCacheModelAdapter:
+    """Float32 computation over affine 4-bit groups of 4 as mlx's quantizer stores them (the larger extreme exact,
+    0 on a level)."""
+    return AffineCacheModelAdapter("float32", StorageRule("uint4", "per_group", group=4, zero_point="extreme"))
 
 
 def make_float32_model_adapter() -> LowPrecisionModelAdapter:

@@ -18,6 +18,9 @@ point is an integer level, so that 0 is stored exactly (PyTorch's asymmetric
 rule): the group's range is widened to hold 0, ``s`` is that range over
 ``2**bits - 1``, the zero point ``z = rint(-min / s)``, and a value is stored
 ``q = clip(rint(x / s) + z, 0, 2**bits - 1)`` and read back ``(q - z) * s``.
+With ``zero_point="extreme"`` (mlx's ``mx.quantize``, affine mode) the range
+is not widened: the group's value of larger magnitude is the bias, exact, and
+the scale is rescaled so that 0 is a whole number of steps from it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class StorageRule:
     update: str = "recomputed"  # or frozen
     group: int = 0  # per_group: features a group
     min_step: float = 0.0  # per_group: the smallest step
-    zero_point: str = "minimum"  # per_group: or "level" (an integer zero point; 0 stored exactly)
+    zero_point: str = "minimum"  # per_group: "level" (an integer zero point; 0 stored exactly), or "extreme"
 
     def __post_init__(self) -> None:
         if self.format not in _FLOATS and self.format not in _INTEGERS and self.format not in _UNSIGNED:
@@ -62,8 +65,10 @@ class StorageRule:
                 self.scale == "per_group" and (self.group < 1 or self.update != "recomputed")):
             raise ValueError(f"{self.format} with {self.scale} (group {self.group}, {self.update}): unsigned "
                              "formats take per_group scales, a group of 1 or more, recomputed")
-        if self.zero_point not in ("minimum", "level") or (self.zero_point == "level" and self.scale != "per_group"):
-            raise ValueError(f"zero point {self.zero_point!r} with {self.scale}: minimum or level, per_group only")
+        if self.zero_point not in ("minimum", "level", "extreme") or (
+                self.zero_point != "minimum" and self.scale != "per_group"):
+            raise ValueError(f"zero point {self.zero_point!r} with {self.scale}: minimum, level or extreme, per_group "
+                             "only")
 
     def declared(self) -> dict[str, object]:
         if self.scale == "per_group":
@@ -93,6 +98,8 @@ class StorageRule:
         """What is stored of ``rows`` at ``scale``, read back as float64."""
         if self.scale == "per_group" and self.zero_point == "level":
             return self._round_groups_to_levels(rows)
+        if self.scale == "per_group" and self.zero_point == "extreme":
+            return self._round_groups_from_extreme(rows)
         if self.scale == "per_group":
             return self._round_groups(rows)
         scaled = np.clip(rows / scale, -self.largest, self.largest)
@@ -122,6 +129,26 @@ class StorageRule:
         zero = np.clip(np.rint(-low / step), 0, levels)
         quantized = np.clip(np.rint(grouped / step) + zero, 0, levels).astype(np.uint8)
         stored: np.ndarray = np.reshape((quantized - zero) * step, rows.shape)
+        return stored
+
+    def _round_groups_from_extreme(self, rows: np.ndarray) -> np.ndarray:
+        """Affine rounding as mlx's quantizer: the bias the group's value of larger magnitude (the maximum on a
+        tie), the scale rescaled so that 0 is a whole number of steps from it; a constant group is its bias."""
+        levels = _UNSIGNED[self.format]
+        grouped = np.reshape(rows, (*rows.shape[:-1], rows.shape[-1] // self.group, self.group))
+        w_min = grouped.min(axis=-1, keepdims=True, initial=np.inf)
+        w_max = grouped.max(axis=-1, keepdims=True, initial=-np.inf)
+        from_min = np.abs(w_min) > np.abs(w_max)
+        scale = np.maximum((w_max - w_min) / levels, self.min_step)
+        scale = np.where(scale > 0, scale, 1.0)
+        scale = np.where(from_min, scale, -scale)  # counted from the maximum, the steps go down
+        edge = np.where(from_min, w_min, w_max)
+        q0 = np.rint(edge / scale)
+        constant = w_max == w_min
+        bias = np.where((q0 != 0) | constant, edge, 0.0)
+        scale = np.where(q0 != 0, edge / np.where(q0 != 0, q0, 1.0), scale)
+        quantized = np.clip(np.rint((grouped - bias) / scale), 0, levels)
+        stored: np.ndarray = np.reshape(scale * quantized + bias, rows.shape)
         return stored
 
 

@@ -34,6 +34,17 @@ from .storage import BLOCK, BLOCK_FORMATS, StorageFormat
 Matrix = list[Vector]  # (out, in): row o holds the weights of output o
 KvStorage = Callable[[Vector], Vector]  # a rotated key or a value head row -> what the cache holds of it
 
+
+@dataclass(frozen=True)
+class WholeRowStorage:
+    """A cache that stores each token's whole kv row at once (every kv head's, ``KV * dh`` features): its blocks
+    may run across heads. Called on the whole row (the heads concatenated), it returns what the cache holds."""
+
+    stored: KvStorage
+
+    def __call__(self, row: Vector) -> Vector:
+        return self.stored(row)
+
 # The error kinds of docs/spec.md §15.5 (the protocol's ErrorKind values; the oracle imports no protocol).
 FULL, MALFORMED_BATCH, REFUSED = "full", "malformed_batch", "refused"
 # A call outside the model (a shift to a position >= max_positions, §15.4): no kind is due, and nothing is judged
@@ -134,12 +145,15 @@ class Model:
         dh = config.head_width
         scale = numbers.sqrt(numbers.number(float(dh)))
         merged: Vector = []  # [H*dh]
+        kv_heads = range(config.kv_heads)
+        stored_keys = [self._stored_heads([rope_rotate(_head(cell.keys[layer], g, dh), cell.position, config.rope,
+                                                       numbers) for g in kv_heads]) for cell in seen]
+        stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads]) for cell in seen]
         for h in range(config.heads):
             g = h // config.group_size
             q = rope_rotate(_head(query, h, dh), position, config.rope, numbers)
-            keys = [self._stored(rope_rotate(_head(cell.keys[layer], g, dh), cell.position, config.rope, numbers))
-                    for cell in seen]
-            values = [self._stored(_head(cell.values[layer], g, dh)) for cell in seen]
+            keys = [heads[g] for heads in stored_keys]
+            values = [heads[g] for heads in stored_values]
             weights = softmax([_dot(q, k) / scale for k in keys], numbers)
             for f in range(dh):
                 merged.append(sum((a * v[f] for a, v in zip(weights, values)), start=weights[0] * 0))
@@ -156,8 +170,16 @@ class Model:
         x = rms_norm(hidden, self.output_norm, self.config.norm_eps, self.numbers)
         return matvec(self.output, x)
 
-    def _stored(self, row: Vector) -> Vector:
-        return row if self.kv_storage is None else self.kv_storage(row)
+    def _stored_heads(self, heads: list[Vector]) -> list[Vector]:
+        """What the cache holds of one token's kv head rows (rotated keys, or values), head by head."""
+        storage = self.kv_storage
+        if storage is None:
+            return heads
+        if not isinstance(storage, WholeRowStorage):
+            return [storage(row) for row in heads]
+        whole = storage([v for row in heads for v in row])
+        dh = self.config.head_width
+        return [whole[g * dh:(g + 1) * dh] for g in range(len(heads))]
 
 
 # -- the cell model ----------------------------------------------------------------------------------------------
@@ -217,11 +239,11 @@ class CellContext:
         """The cells ``seq`` sees, in store order."""
         return [cell for cell in self.store_of(seq) if seq in cell.sequences]
 
-    def pos_min(self, seq: int) -> int:
-        return min((cell.position for cell in self.cells_of(seq)), default=-1)
+    def pos_min(self, seq: int) -> int:  # a Python int, whatever ints the batches gave (numpy's, §15.3)
+        return int(min((cell.position for cell in self.cells_of(seq)), default=-1))
 
     def pos_max(self, seq: int) -> int:
-        return max((cell.position for cell in self.cells_of(seq)), default=-1)
+        return int(max((cell.position for cell in self.cells_of(seq)), default=-1))
 
     def free(self, store: list[Cell]) -> int:
         return self.capacity - len(store)
@@ -404,25 +426,38 @@ def full_model(tokens: Sequence[int], config: ModelConfig, weights: ModelWeights
     return context.decode(ModelBatch.of_sequence(0, list(tokens), 0))
 
 
-def kv_storage_of(dtype: str, numbers: NumberSystem) -> KvStorage | None:
-    """What a cache of element type ``dtype`` holds of a head row of ``numbers`` scalars (None: float64, exact).
+def kv_storage_of(storage: str | StorageFormat, numbers: NumberSystem) -> KvStorage | None:
+    """What a cache of element type ``storage`` holds of a head row of ``numbers`` scalars (None: float64, exact).
 
     ``float32``, ``float16``, ``bfloat16``: each element rounded to nearest. ``q8_0``, ``q4_0``: llama.cpp's
-    block formats, one float16 scale per 32 consecutive features (``storage.StorageFormat``); a head row is a
-    whole number of blocks (the head width a multiple of 32), so its blocks are those of the token's whole row.
+    block formats, one float16 scale per 32 consecutive features (``storage.StorageFormat``), cut from each
+    head's row (a whole number of blocks: the head width a multiple of 32) or, for a ``StorageFormat`` along
+    ``row``, from the token's whole kv row (a ``WholeRowStorage``: ``KV * dh`` a multiple of 32). Affine
+    groups (a ``per_group`` ``StorageFormat``): each head row's groups of consecutive features, as a layer stores.
     """
+    dtype = storage if isinstance(storage, str) else storage.format
     if dtype == "float64":
         return None
+    if isinstance(storage, StorageFormat) and storage.scale == "per_group":
+        groups = storage
+
+        def in_groups(row: Vector) -> Vector:
+            if len(row) % groups.group:
+                raise OracleInputError(f"groups of {groups.group} features do not divide a head row of {len(row)}")
+            floats = np.array([numbers.to_float(v) for v in row], dtype=np.float64).reshape(1, 1, 1, -1)
+            return [numbers.number(float(v)) for v in groups.stored(floats).ravel()]
+        return in_groups
     if dtype in BLOCK_FORMATS:
         blocks = StorageFormat(dtype, "per_block")
+        what = "a kv row" if isinstance(storage, StorageFormat) and storage.along == "row" else "a head row"
 
         def stored(row: Vector) -> Vector:
             if len(row) % BLOCK:
-                raise OracleInputError(f"{dtype} stores blocks of {BLOCK} features; a head row of {len(row)} is "
-                                       "not a whole number of them")
+                raise OracleInputError(f"{dtype} stores blocks of {BLOCK} features; {what} of {len(row)} is not a "
+                                       "whole number of them")
             floats = np.array([numbers.to_float(v) for v in row], dtype=np.float64)
             return [numbers.number(float(v)) for v in blocks.stored(floats)]
-        return stored
+        return WholeRowStorage(stored) if what == "a kv row" else stored
     if dtype not in ("float32", "float16", "bfloat16"):
         raise OracleInputError(f"kv storage must be float64, float32, float16, bfloat16, q8_0 or q4_0, got "
                                f"{dtype!r}")

@@ -29,6 +29,16 @@ rounding is written once here, in float64 numpy, from the definitions:
   ``clip(rint(x / s) + z, 0, levels)``, read back ``(q - z) * s``. The
   grid is ``lo`` moved by less than half a step, so the far end of the
   group may be clipped: every element is within half a step all the same;
+- or, with ``zero_point: extreme``, the extreme of larger magnitude exact and
+  0 on a level, the range not widened (mlx's ``mx.quantize``, affine mode):
+  the step ``s`` as above; the extreme ``e`` (``lo`` if ``|lo| > |hi|``, else
+  ``hi``) is ``k = rint(|e| / s)`` steps from 0; where ``k > 0`` the step
+  becomes ``|e| / k``, a value is stored ``clip(rint((x - e) / t), 0, levels)``
+  with ``t = -e / k`` (the grid runs from ``e`` towards the other end) and
+  read back ``e + q * t``; where ``k = 0`` the group reads back as 0. The
+  far end of a mixed-sign group may fall short of the grid by
+  ``levels * (k - |e| / s) / (|e| / s)`` steps: under one, exactly one
+  where ``hi = -lo``; every other element is within half a step;
 - a block format (llama.cpp's ``q8_0``, ``q4_0``) has one scale ``d`` for each
   block of 32 consecutive features of each token (``per_block``), itself
   stored in float16: ``q8_0`` takes ``d = amax / 127`` and stores
@@ -51,9 +61,11 @@ INTEGER_FORMATS = {"int8": 127, "int4": 7}
 AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
 BLOCK_FORMATS = {"q8_0": 127, "q4_0": 8}  # the largest level: d = amax / 127; d = (value of largest magnitude) / -8
 BLOCK = 32  # features a block of a block format
+ALONG = ("head", "row")  # a block format's blocks: cut from each head's row, or from a token's whole kv row
 SCALES = ("none", "per_tensor", "per_channel", "per_group", "per_block")
 UPDATES = ("recomputed", "frozen")
-ZERO_POINTS = ("minimum", "level")  # affine groups: the grid starts at the group's minimum, or holds 0 on a level
+ZERO_POINTS = ("minimum", "level", "extreme")  # affine groups: the grid starts at the group's minimum, holds 0 on a
+# level (the range widened), or holds 0 on a level with the extreme of larger magnitude exact (mlx)
 
 
 def _float_format(name: str) -> type[np.generic]:
@@ -79,7 +91,9 @@ class StorageFormat:
     update: str = "recomputed"
     group: int = 0  # per_group: features a group of each token (a divisor of the head width)
     min_step: float = 0.0  # per_group: the smallest step a group is stored with (0: none)
-    zero_point: str = "minimum"  # per_group: "level" puts the zero point on a level (0 exact, the range holds 0)
+    zero_point: str = "minimum"  # per_group: "level" (0 exact, range holds 0), "extreme" (0, larger extreme exact)
+    along: str = "head"  # per_block, a whole model's cache: blocks cut from each head's row, or from the token's
+    # whole kv row (every kv head's, KV * dh features), as an engine lays its cache out
 
     def __post_init__(self) -> None:
         formats = (*FLOAT_FORMATS, *INTEGER_FORMATS, *AFFINE_FORMATS, *BLOCK_FORMATS)
@@ -99,6 +113,9 @@ class StorageFormat:
         if (self.format in BLOCK_FORMATS) != (self.scale == "per_block"):
             raise ValueError(f"per_block scales go with the block formats {tuple(BLOCK_FORMATS)}, and only with "
                              f"them; got {self.format} with {self.scale}")
+        if self.along not in ALONG or (self.along != "head" and self.scale != "per_block"):
+            raise ValueError(f"storage along must be one of {ALONG}, and row only with per_block, got {self.along!r} "
+                             f"with {self.scale}")
         if self.scale == "per_block" and self.update != "recomputed":
             raise ValueError("a per_block scale is each token's own: nothing to freeze")
         if self.scale == "per_group":
@@ -152,6 +169,9 @@ class StorageFormat:
         """The quantization step at each element of ``rows``: the scale for an integer format; for a float
         format, the spacing of the format at the element's scaled magnitude, times the scale; for an affine
         one, its group's step."""
+        if self.scale == "per_group" and self.zero_point == "extreme":
+            grouped, _, signed_step = self._extreme_grid(rows)
+            return np.broadcast_to(np.abs(signed_step), grouped.shape).reshape(rows.shape)
         if self.scale == "per_group":
             grouped, _, step = self._groups(rows)
             return np.broadcast_to(step, grouped.shape).reshape(rows.shape)
@@ -181,6 +201,18 @@ class StorageFormat:
         step = np.maximum((high - low) / self.largest, self.min_step)
         return grouped, low, np.where(step > 0, step, 1.0)
 
+    def _extreme_grid(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``zero_point: extreme``: the groups, each group's extreme of larger magnitude ``e`` (its maximum on a
+        tie) and the signed step ``-e / k`` from it (``k = rint(|e| / s)`` steps from ``e`` to 0); where ``k`` is
+        0 the step is ``s`` and ``e`` is 0 (the group reads back as 0), unless the group is constant (its one value
+        is level 0)."""
+        grouped, low, step = self._groups(rows)
+        high = grouped.max(axis=-1, keepdims=True, initial=-np.inf)
+        extreme = np.where(np.abs(low) > np.abs(high), low, high)
+        count = np.rint(np.abs(extreme) / step)
+        signed = np.where(count > 0, -extreme / np.maximum(count, 1.0), step)
+        return grouped, np.where((count > 0) | (high == low), extreme, 0.0), signed
+
     def _blocks(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``rows`` in blocks of 32 consecutive features, ``[..., dh / 32, 32]``, and each block's scale ``d``
         (unrounded, keeping the last axis): ``amax / 127`` (q8_0), or the value of largest magnitude over -8."""
@@ -203,6 +235,11 @@ class StorageFormat:
 
         ``calibration``: the rows of the first update, for a ``frozen`` scale.
         """
+        if self.scale == "per_group" and self.zero_point == "extreme":
+            grouped, extreme, signed_step = self._extreme_grid(rows)
+            kept = np.clip(np.rint((grouped - extreme) / signed_step), 0, self.largest)
+            from_extreme: np.ndarray = extreme + kept * signed_step
+            return from_extreme.reshape(rows.shape)
         if self.scale == "per_group" and self.zero_point == "level":
             grouped, low, step = self._groups(rows)
             zero = np.rint(-low / step)  # in [0, levels]: the range holds 0

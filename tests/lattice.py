@@ -43,6 +43,8 @@ from impl.model_conformance import (
     ModelReferenceAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_uint4_extreme_model_adapter,
+    make_uint4_groups_model_adapter,
     make_unbounded_shift_model_adapter,
 )
 from impl.paged_cache import PoolState
@@ -348,6 +350,24 @@ def _low_precision(kv_storage: str, stored: str = "float16") -> Declared:
                     layer_caches=False, dtype="float32", kv_storage=kv_storage, **blocks)
 
 
+def _row_blocks(format: str, *, engine_along_row: bool = True) -> Declared:
+    """float32 computation over a block-format cache declared with its blocks cut from each token's whole kv row
+    (``kv_width_multiple`` 32: heads of 16 drawn, two to a block); the engine cuts them so, or from each head."""
+    return Declared(f"model-float32-kv-{format}-row", MODEL_ONLY,
+                    LowPrecisionModelAdapter("float32", format, along_row=engine_along_row), layer_caches=False,
+                    dtype="float32", kv_storage={"format": format, "along": "row"},
+                    model_limits={"kv_width_multiple": 32})
+
+
+def _affine_cache(zero_point: str = "minimum", declared: StorageRule | None = None) -> Declared:
+    """float32 computation over affine 4-bit groups of 4 (``zero_point``), declared as ``declared`` (default: what
+    it stores) in ``kv_storage``; heads the group divides."""
+    engine = make_uint4_groups_model_adapter() if zero_point == "minimum" else make_uint4_extreme_model_adapter()
+    rule = declared or StorageRule("uint4", "per_group", group=4, zero_point=zero_point)
+    return Declared(f"model-float32-kv-uint4-{zero_point}", MODEL_ONLY, engine, layer_caches=False,
+                    dtype="float32", kv_storage=rule.declared(), model_limits={"head_width_multiple": rule.group})
+
+
 MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     **{f"model-{name}": (lambda name=name, policy=policy: Declared(
         f"model-{name}", REFERENCE, _model(policy), model_policy={**ReferenceAdapter.model_policy, **policy}))
@@ -364,6 +384,12 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     "model-float32-kv-float32": lambda: _low_precision("float32", "float32"),  # docs/spec.md §8.3's rule throughout
     "model-float32-kv-q8_0": lambda: _low_precision("q8_0", "q8_0"),
     "model-float32-kv-q4_0": lambda: _low_precision("q4_0", "q4_0"),
+    # blocks cut from each token's whole kv row, as an engine lays its cache out: heads of 16 judged too
+    "model-float32-kv-q8_0-row": lambda: _row_blocks("q8_0"),
+    "model-float32-kv-q4_0-row": lambda: _row_blocks("q4_0"),
+    # affine groups as the model's cache (HQQ's and KIVI's kind; mlx-lm's QuantizedKVCache with the larger extreme)
+    "model-float32-kv-uint4-groups": lambda: _affine_cache(),
+    "model-float32-kv-uint4-extreme": lambda: _affine_cache("extreme"),
     # refuses a removal that would leave cells after its range (llama.h's seq_rm returning false; transformers' crop)
     "model-removal-end-only": lambda: Declared("model-removal-end-only", MODEL_ONLY,
                                                make_end_only_removal_model_adapter(), layer_caches=False,
@@ -399,6 +425,12 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-float16-kv-claims-float32": (lambda: _low_precision("float32"), "model", {}, ""),
     "model-q8_0-kv-claims-float16": (lambda: _low_precision("float16", "q8_0"), "model", {}, ""),
     "model-q4_0-kv-claims-q8_0": (lambda: _low_precision("q8_0", "q4_0"), "model", {}, ""),
+    # affine groups of 4 bits declared as 8 bits: every group's step 17 x the declared one
+    "model-uint4-groups-claims-uint8": (
+        lambda: _affine_cache(declared=StorageRule("uint8", "per_group", group=4)), "model", {}, ""),
+    # blocks cut from each head's row, declared along the kv row: a head of 16 drawn, which it refuses
+    "model-q8_0-per-head-claims-row": (lambda: _row_blocks("q8_0", engine_along_row=False), "model", {},
+                                       "unexpected exception"),
     "model-removal-end-only-undeclared": (lambda: Declared(
         "twin-removal-end-only", MODEL_ONLY, make_end_only_removal_model_adapter(), layer_caches=False,
         model_policy=ModelReferenceAdapter.model_policy), "model", {}, "expected success, got refused"),
@@ -481,6 +513,10 @@ VARIANTS: dict[str, Callable[[], Any]] = {
     "storage-uint4-zero-point-level": lambda: Declared(
         "storage-uint4-zero-point-level", QuantizedReferenceAdapter.capabilities,
         _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4, zero_point="level").storage),
+    # affine groups as mlx stores them (the larger extreme exact, 0 on a level, the range not widened): declared
+    "storage-uint4-zero-point-extreme": lambda: Declared(
+        "storage-uint4-zero-point-extreme", QuantizedReferenceAdapter.capabilities,
+        _affine("uint4", 4, zero_point="extreme"), storage=_affine("uint4", 4, zero_point="extreme").storage),
     # a windowed session that refuses a prefill of more than W tokens (litgpt from 0.5.13), declared
     "prefill-within-window": lambda: Declared("prefill-within-window", REFERENCE | {"prefill_within_window"},
                                               PrefillWithinWindowAdapter()),
@@ -565,6 +601,14 @@ TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
         lambda: Declared("twin-zero-point-undeclared", QuantizedReferenceAdapter.capabilities,
                          _affine("uint4", 4, zero_point="level"), storage=_affine("uint4", 4).storage),
         "cache_operations", {}, ""),
+    # PyTorch's groups (the range widened to hold 0) declared as mlx's: a group of one sign, in [a, b] above 0, is
+    # stored at the widened range's step, b / (b - a) times mlx's. (mlx's groups declared as the minimum's cannot
+    # fail: the far end errs under levels / (levels + 1) of the minimum's step, its whole floor -- spec §13.6.)
+    "storage-uint4-zero-point-level-declared-extreme": (
+        lambda: Declared("twin-zero-point-level-declared-extreme", QuantizedReferenceAdapter.capabilities,
+                         _affine("uint4", 4, zero_point="level"),
+                         storage=_affine("uint4", 4, zero_point="extreme").storage),
+        "layer_cache", {}, ""),
     # the buffer without a full check claiming one: what it raises past the end (IndexError, or RoPE's error where
     # the capacity is the RoPE range) is not full
     "unchecked-capacity-claims-fixed-capacity": (

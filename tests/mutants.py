@@ -595,6 +595,18 @@ MUTANTS = (
              "step = np.maximum((high - low) / (levels + 1), self.min_step)"),),
            "divides the range by 2**bits, not 2**bits - 1: the grid is a step short, and the far end clipped",
            factory="make_uint4_zero_point_adapter"),
+    # -- affine groups with the larger extreme exact and 0 on a level (storage zero_point: extreme, mlx, #36) --
+    Mutant("extreme_always_the_minimum", "storage.py",
+           (("from_min = np.abs(w_min) > np.abs(w_max)", "from_min = np.abs(w_min) >= 0"),),
+           "keeps the minimum exact whatever the magnitudes: in a group mostly above 0 the step is the minimum's "
+           "distance from 0 over a whole number, and the far end is clipped by several steps",
+           factory="make_uint4_extreme_adapter"),
+    Mutant("extreme_scale_sign_dropped", "storage.py",
+           (("scale = np.where(from_min, scale, -scale)  # counted from the maximum, the steps go down",
+             "scale = np.where(from_min, scale, scale)"),),
+           "drops the scale's sign when counting from the maximum: the grid runs up from it, and every other value "
+           "of the group reads back as the maximum",
+           factory="make_uint4_extreme_adapter"),
     # -- a preallocated buffer without a full check (an accepted call keeps the rows held before it, #23) --
     Mutant("unchecked_write_clamped_to_the_last_row", "cache.py",
            (('            raise IndexError(f"rows {start} .. {start + tokens - 1} are past a buffer of '
@@ -733,6 +745,37 @@ MODEL_MUTANTS = (
            (("np.floor(x * inverse + np.float32(8.5))) - np.float32(8)", "np.floor(x * inverse + np.float32(8.5)))"),),
            "declares a q4_0 cache, but reads its levels back without subtracting the offset 8",
            "model", factory="model_conformance:make_q4_0_model_adapter"),
+    # -- block formats cut from each token's whole kv row (kv_storage along: row, #36) --
+    Mutant("model_q8_0_row_read_back_heads_and_features_swapped", "model.py",
+           (("            return whole.reshape(rows.shape).astype(self.kv_dtype)",
+             "            return whole.reshape(*rows.shape[:-2], rows.shape[-1], rows.shape[-2]).swapaxes(-1, -2)"
+             ".astype(self.kv_dtype)"),),
+           "declares q8_0 blocks along the kv row, but reads the row back into heads feature-major: with two kv "
+           "heads, each head's features are the two heads' interleaved",
+           "model", factory="model_conformance:make_q8_0_row_model_adapter"),
+    Mutant("model_q4_0_row_blocks_across_tokens", "model.py",
+           (("            whole = stored_in_blocks(rows.reshape(*rows.shape[:-2], -1), self.kv_blocks)\n"
+             "            return whole.reshape(rows.shape).astype(self.kv_dtype)",
+             "            whole = stored_in_blocks(rows.swapaxes(-3, -2).reshape(*rows.shape[:-3], rows.shape[-2], -1),"
+             " self.kv_blocks)\n"
+             "            return whole.reshape(*rows.shape[:-3], rows.shape[-2], rows.shape[-3], rows.shape[-1])"
+             ".swapaxes(-3, -2).astype(self.kv_dtype)"),),
+           "declares q4_0 blocks along the kv row, but cuts them from its head-major layout flat: a block runs "
+           "across tokens of one head, and a batch of one token with heads of 16 is not whole blocks",
+           "model", factory="model_conformance:make_q4_0_row_model_adapter"),
+    # -- affine groups as a whole model's kv_storage (#36) --
+    Mutant("model_uint4_groups_read_back_without_the_minimum", "storage.py",
+           (("stored: np.ndarray = (low + np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape(",
+             "stored: np.ndarray = (np.clip(np.rint((grouped - low) / step), 0, levels) * step).reshape("),),
+           "declares affine groups as its model's cache, but reads a group back without adding its minimum",
+           "model", factory="model_conformance:make_uint4_groups_model_adapter"),
+    Mutant("model_uint4_groups_one_group_a_head", "model.py",
+           (("return self.kv_groups.round(rows.astype(np.float64), np.ones(1)).astype(self.kv_dtype)",
+             "return type(self.kv_groups)(self.kv_groups.format, \"per_group\", group=rows.shape[-1]).round("
+             "rows.astype(np.float64), np.ones(1)).astype(self.kv_dtype)"),),
+           "declares affine groups of 4, but rounds each head row as one group: a head of 32 at its whole range's "
+           "step",
+           "model", factory="model_conformance:make_uint4_groups_model_adapter"),
     # behind a float32 model over a float32 cache: docs/spec.md §8.3's rule, not the storage rule
     Mutant("model_float32_probabilities_in_float16", "model.py",
            (("        weights /= weights.sum(axis=-1, keepdims=True)\n",

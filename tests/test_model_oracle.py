@@ -15,6 +15,7 @@ from kvcache_conformance.oracle import (
     ModelConfig,
     ModelWeights,
     OracleInputError,
+    StorageFormat,
     mpmath_precision,
     numpy_precision,
     random_model_weights,
@@ -24,6 +25,7 @@ from kvcache_conformance.oracle.model import (
     CellContext,
     Model,
     ModelRefusal,
+    WholeRowStorage,
     full_model,
     kv_storage_of,
     open_range,
@@ -165,6 +167,38 @@ def test_a_block_format_stores_whole_blocks_of_32_within_one_quantization_step()
                                 kv_storage=kv_storage_of(storage, numpy_precision("float32"))) - exact).max()
               for storage in ("float16", "q8_0", "q4_0")]
     assert 0 < errors[0] < errors[1] < errors[2], errors  # coarser formats, larger errors
+
+
+def test_blocks_along_the_kv_row_run_across_heads() -> None:
+    """A block format along the kv row stores each token's heads side by side, cut into blocks of 32: two heads
+    of 16 share one block and its scale (a head of small values beside one of large ones is stored coarsely),
+    where per head a head of 16 is not a whole block."""
+    numbers = numpy_precision("float32")
+    along_row = kv_storage_of(StorageFormat("q8_0", "per_block", along="row"), numbers)
+    assert isinstance(along_row, WholeRowStorage)
+    small, large = [float(v) for v in np.linspace(-0.01, 0.01, 16)], [float(v) for v in np.linspace(-5, 5, 16)]
+    stored = np.array(along_row(small + large))
+    step = 5 / 127
+    assert np.all(np.abs(stored[:16] - small) <= step / 2 * 1.01) and np.any(stored[:16] != np.float32(small))
+    assert np.array_equal(stored[:16], np.zeros(16))  # 0.01 is under half of the shared block's step
+    with pytest.raises(OracleInputError, match="a head row of 16"):
+        kv_storage_of("q8_0", numbers)(small)
+    config = dataclasses.replace(MODEL_PRESETS["tiny"], head_width=16, kv_heads=2, heads=2)
+    exact = full_model(TOKENS, config, random_model_weights(config, 4))
+    assert 0 < np.abs(full_model(TOKENS, config, random_model_weights(config, 4), numbers=numbers,
+                                 kv_storage=along_row) - exact).max() < 0.5
+
+
+def test_affine_groups_store_each_head_row_as_a_layer_stores_it() -> None:
+    """A whole model's cache of affine groups: each head row's groups of consecutive features, exactly as the
+    layer rule (``StorageFormat.stored``) stores a row; a head the group does not divide is an input error."""
+    rule = StorageFormat("uint4", "per_group", group=4, zero_point="extreme")
+    stored = kv_storage_of(rule, FLOAT64)
+    row = [float(v) for v in np.random.default_rng(5).normal(size=8)]
+    assert stored(row) == list(rule.stored(np.array(row).reshape(1, 1, 1, 8)).ravel())
+    assert stored(row) != row
+    with pytest.raises(OracleInputError, match="groups of 4"):
+        stored(row[:6])
 
 
 # -- the cell model ----------------------------------------------------------------------------------------------
@@ -522,3 +556,12 @@ def test_float64_and_mpmath_agree_through_the_operations() -> None:
         logits += [decode(ctx, seq, [7, 8]) for seq in (0, 1, 2)]
         results.append(np.vstack(logits))
     np.testing.assert_allclose(results[0], results[1], rtol=0, atol=1e-12)
+
+
+def test_positions_read_back_as_python_ints_whatever_ints_a_batch_gave() -> None:
+    """A batch's positions may be numpy ints (docs/spec.md §15.3); what the cell model says a sequence holds is a
+    Python int, which every strategy bound drawn from it takes (Hypothesis refuses np.int64 as a list size: the
+    model machine's store filling met it against llama.cpp, as a suite error)."""
+    oracle = context(MODEL_PRESETS["tiny"])
+    oracle.decode(ModelBatch((np.int64(3), np.int64(1)), (np.int64(0), np.int64(1)), (0, 0), (True, True)))
+    assert type(oracle.pos_min(0)) is int and type(oracle.pos_max(0)) is int and oracle.pos_max(0) == 1

@@ -9,11 +9,11 @@ import pytest
 from impl.model_conformance import ModelReferenceAdapter
 from kvcache_conformance.judge.policy import Due, Expect
 from kvcache_conformance.judge.tolerance import Judge
-from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig
+from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig, StorageFormat
 from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
 from kvcache_conformance.protocol.declarations import declaration_problems
 from kvcache_conformance.protocol.kinds import ErrorKind
-from kvcache_conformance.protocol.model import declared_kv_storage
+from kvcache_conformance.protocol.model import declared_kv_along, declared_kv_storage, described_kv_storage
 
 
 def adapter(**attributes: Any) -> Any:
@@ -89,6 +89,52 @@ def test_a_block_format_cache_needs_head_widths_of_whole_blocks() -> None:
         for multiple in (32, 64):
             assert declared_kv_storage(adapter(dtype="float32", kv_storage=kv,
                                                model_limits={"head_width_multiple": multiple})) == kv
+
+
+def test_block_formats_along_the_kv_row_need_whole_kv_rows() -> None:
+    """``{"format": "q8_0", "along": "row"}``: blocks cut from each token's whole kv row, so the adapter declares
+    ``kv_width_multiple`` 32 instead of whole heads; the judge cuts them so too."""
+    for kv in ("q8_0", "q4_0"):
+        row = {"format": kv, "along": "row"}
+        declared = adapter(dtype="float32", kv_storage=row, model_limits={"kv_width_multiple": 32})
+        assert (declared_kv_storage(declared), declared_kv_along(declared)) == (kv, "row")
+        assert Judge.for_model(declared, FLOAT64).storage == StorageFormat(kv, "per_block", along="row")
+        assert "whole kv row" in Judge.for_model(declared, FLOAT64).rule
+        for limits in (None, {"head_width_multiple": 32}, {"kv_width_multiple": 16}):
+            with pytest.raises(ValueError, match="kv_width_multiple 32"):
+                declared_kv_storage(adapter(dtype="float32", kv_storage=row, model_limits=limits))
+        heads = adapter(dtype="float32", kv_storage={"format": kv, "along": "head"},
+                        model_limits={"head_width_multiple": 32})
+        assert (declared_kv_storage(heads), declared_kv_along(heads)) == (kv, "head")
+    assert declared_kv_along(adapter(dtype="float32", kv_storage="float16")) == "head"
+    for bad in ({"format": "float16", "along": "row"}, {"format": "q8_0", "along": "token"}, {"format": "q8_0"},
+                {"format": "q8_0", "along": "row", "group": 32}):
+        with pytest.raises(ValueError, match="kv_storage as a mapping"):
+            declared_kv_storage(adapter(dtype="float32", kv_storage=bad, model_limits={"kv_width_multiple": 32}))
+    assert declaration_problems(adapter(dtype="float32", kv_storage={"format": "q8_0", "along": "row"}))
+
+
+def test_affine_groups_as_kv_storage_need_heads_the_group_divides() -> None:
+    """``kv_storage`` as a layer's affine ``storage`` mapping: judged as that format under any dtype, with
+    ``head_width_multiple`` a multiple of the group; a malformed one is refused with its reason."""
+    groups = {"format": "uint4", "scale": "per_group", "group": 4, "zero_point": "extreme", "min_step": 1e-7}
+    for dtype in ("float64", "float32", "float16"):
+        declared = adapter(dtype=dtype, kv_storage=groups, model_limits={"head_width_multiple": 8})
+        assert declared_kv_storage(declared) == "uint4" and declared_kv_along(declared) == "head"
+        judge = Judge.for_model(declared, FLOAT64)
+        assert judge.storage == StorageFormat("uint4", "per_group", group=4, min_step=1e-7, zero_point="extreme")
+        assert judge.kv_storage == "uint4" and "groups of 4" in judge.rule
+        assert described_kv_storage(declared) == groups
+    for limits in (None, {"head_width_multiple": 2}, {"kv_width_multiple": 4}):
+        with pytest.raises(ValueError, match="head_width_multiple 4"):
+            declared_kv_storage(adapter(dtype="float32", kv_storage=groups, model_limits=limits))
+    for bad, complaint in (({**groups, "zero_point": "middle"}, "zero_point must be one of"),
+                           ({**groups, "group": 0}, "per_group needs group"),
+                           ({**groups, "update": "frozen"}, "kv_storage as a mapping"),
+                           ({"format": "int8", "scale": "per_group", "group": 4}, "an integer format")):
+        with pytest.raises(ValueError, match=complaint):
+            declared_kv_storage(adapter(dtype="float32", kv_storage=bad, model_limits={"head_width_multiple": 4}))
+    assert described_kv_storage(adapter(dtype="float32", kv_storage="float16")) == "float16"
 
 
 def test_sequence_operations_need_whole_model() -> None:

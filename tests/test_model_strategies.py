@@ -16,6 +16,7 @@ from impl import errors
 from impl.model_conformance import ModelReferenceAdapter
 from kvcache_conformance.generate import context_configs, model_configs
 from kvcache_conformance.generate.models import context_cells
+from kvcache_conformance.oracle import ModelConfig
 from kvcache_conformance.protocol.model import ModelLimits, ModelPolicy
 from kvcache_conformance.run import profiles
 from kvcache_conformance.run.runner import run_machine
@@ -44,6 +45,23 @@ def test_a_model_width_divisible_by_the_heads_is_drawn_where_declared(data: st.D
     limits = ModelLimits(model_width_divisible_by_heads=True, max_model_width=widest)
     config = data.draw(model_configs(frozenset({"rope_half_split", "gqa"}), limits))
     assert config.model_width % config.heads == 0 and limits.model_problem(config) is None
+
+
+def test_blocks_along_the_kv_row_draw_heads_of_16_in_pairs_and_only_whole_rows() -> None:
+    """``kv_width_multiple`` 32 (a block format cut from each token's whole kv row): heads of 16 two to a row,
+    heads of 32 alone or in pairs; never a kv row that is not whole blocks."""
+    seen: Counter[tuple[int, int]] = Counter()
+
+    @settings(max_examples=80, deadline=None, database=None)
+    @given(model_configs(frozenset({"rope_interleaved", "gqa"}), ModelLimits(kv_width_multiple=32)))
+    def draw(config: Any) -> None:
+        assert (config.kv_heads * config.head_width) % 32 == 0
+        assert ModelLimits(kv_width_multiple=32).model_problem(config) is None
+        seen[config.head_width, config.kv_heads] += 1
+
+    draw()
+    assert set(seen) == {(16, 2), (32, 1), (32, 2)}, seen
+    assert "kv row width 1 x 16" in str(ModelLimits(kv_width_multiple=32).model_problem(ModelConfig(head_width=16)))
 
 
 def test_without_the_limit_widths_that_are_no_multiple_of_the_heads_are_drawn() -> None:

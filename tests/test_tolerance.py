@@ -365,8 +365,49 @@ def test_a_zero_point_on_a_level_holds_zero_exactly_and_every_element_within_hal
     assert np.max(np.abs(stored - minimum.stored(rows)) / minimum.steps(rows)) > 0.5  # not the minimum's grid
 
 
+@pytest.mark.parametrize("format, levels", [("uint2", 3), ("uint3", 7), ("uint4", 15), ("uint8", 255)])
+def test_the_larger_extreme_exact_holds_zero_on_a_level_and_every_element_within_one_step(format: str,
+                                                                                           levels: int) -> None:
+    from impl.storage import StorageRule
+    from kvcache_conformance.oracle import StorageFormat
+
+    rows = np.random.default_rng(13).normal(size=(2, 2, 400, 8)) + np.array([0.0] * 4 + [5.0] * 4)  # one sign: 4..8
+    rows[0, 0, 0, :4] = [-1.0, 0.2, 0.5, 1.0]  # hi = -lo: the far end falls a whole step short
+    rows[0, 0, 1, 4:] = [-0.3] * 4  # a constant group is its one value
+    rule = StorageFormat(format, "per_group", group=4, zero_point="extreme")
+    stored, steps = rule.stored(rows), rule.steps(rows)
+    grouped, kept = rows.reshape(2, 2, 400, 2, 4), stored.reshape(2, 2, 400, 2, 4)
+    low, high = grouped.min(-1), grouped.max(-1)
+    extreme = np.where(np.abs(low) > np.abs(high), low, high)
+    count = np.rint(np.abs(extreme) / np.where(high > low, (high - low) / levels, 1.0))
+    at_extreme = np.take_along_axis(kept, np.argmax(grouped == extreme[..., None], axis=-1)[..., None], -1)[..., 0]
+    assert np.array_equal(at_extreme, extreme)  # the extreme of larger magnitude is exact
+    varied = high > low
+    whole = np.abs(extreme) / np.maximum(count, 1.0)  # 0 is a whole number of steps from the extreme
+    assert np.allclose(steps.reshape(kept.shape)[..., 0][varied], whole[varied])
+    on_levels = (kept - extreme[..., None]) / steps.reshape(kept.shape)
+    assert np.allclose(on_levels, np.rint(on_levels), rtol=0, atol=1e-9)
+    errors = np.abs(stored - rows) / steps
+    assert errors.max() <= 1 + 1e-9 and errors[0, 0, 0, 0] == pytest.approx(1.0)  # a step, where hi = -lo
+    signed = -extreme / np.where(count > 0, count, 1.0)  # the step from the extreme towards the other end
+    past = (grouped - extreme[..., None]) / signed[..., None] > levels + 0.5  # beyond the grid's last level
+    assert np.all(errors.reshape(kept.shape)[~past] <= 0.5 + 1e-9)  # all else within half a step
+    assert np.all(((low < 0) & (high > 0))[np.any(past, axis=-1)])  # only a mixed-sign group falls short
+    assert np.array_equal(stored[0, 0, 1, 4:], rows[0, 0, 1, 4:])
+    guarded = StorageFormat(format, "per_group", group=4, min_step=1e-6, zero_point="extreme")
+    tiny = np.array([1e-7, -3e-7, 2e-7, 0.0]).reshape(1, 1, 1, 4)  # under half a step from 0: reads back as 0
+    assert not np.any(guarded.stored(tiny)) and np.all(guarded.steps(tiny) == 1e-6)
+    assert not np.any(StorageRule(format, "per_group", group=4, min_step=1e-6, zero_point="extreme").round(
+        tiny, np.ones(1)))
+    assert np.allclose(StorageRule(format, "per_group", group=4, zero_point="extreme").round(rows, np.ones(1)), stored,
+                       rtol=0, atol=1e-12)  # the reference, written apart as mlx's quantizer, stores what it says
+    for other in ("minimum", "level"):
+        assert not np.allclose(StorageFormat(format, "per_group", group=4, zero_point=other).stored(rows), stored)
+
+
 @pytest.mark.parametrize("storage, complaint", [
     ({"format": "uint4", "scale": "per_group", "group": 4, "zero_point": "middle"}, "zero_point must be one of"),
+    ({"format": "int8", "scale": "per_channel", "zero_point": "extreme"}, "belong to a per_group scale"),
     ({"format": "int8", "scale": "per_channel", "zero_point": "level"}, "belong to a per_group scale"),
     ({"format": "uint4", "scale": "per_group"}, "per_group needs group"),
     ({"format": "uint4", "scale": "per_group", "group": "4"}, "per_group needs group"),

@@ -27,19 +27,26 @@ def _bounded(upper: int, limit: int | None) -> int:
 @st.composite
 def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits) -> ModelConfig:
     """A tiny model: vocab 2-12, 1-2 layers, 1-2 kv heads times a group of 1-2 (GQA only if declared), head
-    width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured), model
+    width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured; with a
+    ``kv_width_multiple``, of 2, 4, 16, 32, 64 and with kv heads that make whole kv rows of it), model
     width 2-8 (a multiple of the heads where ``model_width_divisible_by_heads``), FFN 2-8, a declared RoPE
     pairing, a window only if ``sliding_window`` is declared, tied or untied."""
     styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities]
     style = draw(st.sampled_from(styles), label="rope style")
-    widths = [w for w in (2, 4, 32, 64) if w <= _bounded(64, limits.max_head_width)
-              and w >= (limits.min_head_width or 0) and w % (limits.head_width_multiple or 1) == 0]
-    head_width = draw(st.sampled_from(widths[:2]), label="head width")
     widest = _bounded(8, limits.max_model_width)
     most_heads = _bounded(4, limits.max_heads)
     if limits.model_width_divisible_by_heads:  # at least one width 2..widest is a multiple of the heads
         most_heads = min(most_heads, widest)
-    kv_heads = draw(st.integers(1, min(2, most_heads)), label="kv heads")
+    row = limits.kv_width_multiple  # KV * dh a multiple of it: heads of 16 too, two of them making a row of 32
+
+    def kv_choices(width: int) -> list[int]:
+        return [k for k in range(1, min(2, most_heads) + 1) if not row or (k * width) % row == 0]
+
+    widths = [w for w in ((2, 4, 16, 32, 64) if row else (2, 4, 32, 64)) if w <= _bounded(64, limits.max_head_width)
+              and w >= (limits.min_head_width or 0) and w % (limits.head_width_multiple or 1) == 0 and kv_choices(w)]
+    head_width = draw(st.sampled_from(widths[:2]), label="head width")
+    kv_heads = (draw(st.sampled_from(kv_choices(head_width)), label="kv heads") if row
+                else draw(st.integers(1, min(2, most_heads)), label="kv heads"))
     groups = 2 if Capability.GQA.value in capabilities else 1
     group = draw(st.integers(1, max(1, min(groups, most_heads // kv_heads))), label="group")
     heads = kv_heads * group

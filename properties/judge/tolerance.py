@@ -53,7 +53,11 @@ bare at position 0), take a floor of 0.51 ulps, error / tolerance 0.11.
   error of the oracle's computation over exactly what such a cache stores
   (same format, same scale rule), plus ``STORAGE_FLOOR_UNITS`` units of the
   format -- an ulp for a float format, one quantization step for an integer
-  one, relative to the expected magnitude -- plus the dtype's own floor.
+  one, ``1/levels`` for affine groups (whatever their zero point), ``1/127``
+  or ``1/8`` for a block format (whether cut per head or along the kv row),
+  relative to the expected magnitude -- plus the dtype's own floor; cached
+  rows, one step at each element (``StorageFormat.steps``: for affine groups
+  with the larger extreme exact, the rescaled step ``|e| / k``).
   Measured by ``python bench/run.py --only storage`` (numbers in the
   module's constants below and docs/spec.md §13.6).
 
@@ -84,7 +88,7 @@ from ..oracle import (
     rounding_errors,
 )
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
-from ..protocol.model import BLOCK_KV_STORAGES, declared_kv_storage
+from ..protocol.model import declared_kv_format
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -136,9 +140,7 @@ class Judge:
         format where the cache is narrower than the computation (the naive baseline then reads every key and
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
-        kv = declared_kv_storage(adapter)
-        scale = "per_block" if kv in BLOCK_KV_STORAGES else "none"
-        return cls(dtype, oracle, components=components, storage=StorageFormat(kv, scale) if kv != dtype else None)
+        return cls(dtype, oracle, components=components, storage=declared_kv_format(adapter))
 
     @property
     def kv_storage(self) -> str:
@@ -161,8 +163,11 @@ class Judge:
         if self.storage is not None:
             rule = self.storage
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
-                     + (", zero point on a level" if rule.zero_point == "level" else "")
-                     if rule.scale == "per_group" else "blocks of 32, float16 scales" if rule.scale == "per_block"
+                     + {"minimum": "", "level": ", zero point on a level",
+                        "extreme": ", larger extreme exact, 0 on a level"}[rule.zero_point]
+                     if rule.scale == "per_group" else
+                     f"blocks of 32 along each {'head' if rule.along == 'head' else 'token'}'s "
+                     f"{'row' if rule.along == 'head' else 'whole kv row'}, float16 scales" if rule.scale == "per_block"
                      else f"scale {rule.scale}, {rule.update}")
             return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "

@@ -31,8 +31,9 @@ nothing (docs/spec.md §5.1, judged by the logits of what comes next).
 
 What an adapter declares besides its capabilities: ``dtype`` (the computation, e.g. ``"float32"``),
 ``kv_storage`` (the cache's element type: ``"float64"``, ``"float32"``, ``"float16"``, ``"bfloat16"``, or
-llama.cpp's block formats ``"q8_0"``, ``"q4_0"``; default: the dtype), ``model_limits`` (``ModelLimits``)
-and ``model_policy`` (``ModelPolicy``).
+llama.cpp's block formats ``"q8_0"``, ``"q4_0"``, their blocks cut from each head's row, or as a mapping
+``{"format": "q8_0", "along": "row"}`` from each token's whole kv row; default: the dtype), ``model_limits``
+(``ModelLimits``) and ``model_policy`` (``ModelPolicy``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..oracle.model_config import ContextConfig, LayerWeights, ModelBatch, ModelConfig, ModelWeights
+from ..oracle.storage import StorageFormat
 
 # The method each sequence operation adds (besides those of whole_model itself).
 SEQUENCE_OPERATIONS = {"seq_remove": ("seq_remove",), "seq_copy": ("seq_copy",), "seq_keep": ("seq_keep",),
@@ -55,6 +57,7 @@ KV_STORAGES = ("float64", "float32", "float16", "bfloat16", "q8_0", "q4_0")
 # judged as a storage format (docs/spec.md §13.6) under the dtype; the block formats store 32 features a scale
 NARROW_KV_STORAGES = ("float16", "bfloat16", "q8_0", "q4_0")
 BLOCK_KV_STORAGES = {"q8_0": 32, "q4_0": 32}
+KV_ALONG = ("head", "row")  # a block format's blocks: cut from each head's row, or from a token's whole kv row
 
 CONTEXT_KINDS = ("unified", "per_sequence")  # ContextConfig.unified True / False
 COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: keep its cells; drop them first; only
@@ -147,6 +150,7 @@ class ModelLimits:
     min_head_width: int | None = None
     max_head_width: int | None = None
     head_width_multiple: int | None = None  # quantized caches store blocks of 32 along a row
+    kv_width_multiple: int | None = None  # KV * dh a multiple of it: blocks of 32 along a token's whole kv row
     max_ffn_width: int | None = None
     max_cells: int | None = None
     max_sequences: int | None = None
@@ -195,6 +199,9 @@ class ModelLimits:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
             return f"head width {config.head_width} is not a multiple of {self.head_width_multiple}"
+        if self.kv_width_multiple is not None and (config.kv_heads * config.head_width) % self.kv_width_multiple:
+            return (f"kv row width {config.kv_heads} x {config.head_width} is not a multiple of "
+                    f"{self.kv_width_multiple}")
         if self.model_width_divisible_by_heads and config.model_width % config.heads:
             return f"model width {config.model_width} is not a multiple of {config.heads} heads"
         return None
@@ -209,22 +216,82 @@ class ModelLimits:
 
 
 def declared_kv_storage(adapter: Any) -> str:
-    """The adapter's ``kv_storage`` (default: its ``dtype``, itself float64 by default), checked: the dtype
-    itself, or float16 / bfloat16 / q8_0 / q4_0 under a wider computation (docs/spec.md §15.6); a block
-    format needs head widths that are whole blocks (``model_limits`` ``head_width_multiple``)."""
+    """The adapter's ``kv_storage`` format (default: its ``dtype``, itself float64 by default), checked: the dtype
+    itself, or float16 / bfloat16 / q8_0 / q4_0 under a wider computation (docs/spec.md §15.6), or a mapping: a
+    block format with where its blocks are cut, or affine groups as a layer's ``storage`` declares them. A block
+    format needs head widths that are whole blocks (``model_limits`` ``head_width_multiple``), or with its blocks
+    along the whole kv row, kv rows that are (``kv_width_multiple``); affine groups, heads their group divides."""
+    return _declared_kv(adapter)[0]
+
+
+def declared_kv_format(adapter: Any) -> StorageFormat | None:
+    """The adapter's cache as a storage format, where it is narrower than the computation (None: the dtype)."""
+    return _declared_kv(adapter)[1]
+
+
+def declared_kv_along(adapter: Any) -> str:
+    """Where a block format's blocks are cut (``head``: from each head's row, the default; ``row``: from each
+    token's whole kv row), as ``kv_storage`` declares it (checked as ``declared_kv_storage`` checks it)."""
+    rule = _declared_kv(adapter)[1]
+    return "head" if rule is None else rule.along
+
+
+def described_kv_storage(adapter: Any) -> str | dict[str, Any]:
+    """``kv_storage`` as a report states it: the name, or the mapping's keys that differ from their defaults."""
+    storage, rule = _declared_kv(adapter)
+    if not isinstance(getattr(adapter, "kv_storage", None), Mapping) or rule is None:
+        return storage
+    if rule.scale == "per_block":
+        return {"format": storage, "along": rule.along}
+    return {"format": storage, "scale": rule.scale, "group": rule.group,
+            **({"min_step": rule.min_step} if rule.min_step else {}),
+            **({"zero_point": rule.zero_point} if rule.zero_point != "minimum" else {})}
+
+
+AFFINE_KV_KEYS = ("format", "scale", "group", "min_step", "zero_point")  # affine groups, as a layer's storage
+
+
+def _kv_mapping(given: Mapping[str, Any]) -> StorageFormat:
+    """A ``kv_storage`` mapping as a storage format: a block format and where its blocks are cut, or affine
+    groups (``scale: per_group``) as a layer's ``storage`` declares them."""
+    if set(given) == {"format", "along"} and given["along"] in KV_ALONG and str(given["format"]) in BLOCK_KV_STORAGES:
+        return StorageFormat(str(given["format"]), "per_block", along=str(given["along"]))
+    if "format" in given and given.get("scale") == "per_group" and set(given) <= set(AFFINE_KV_KEYS):
+        try:
+            return StorageFormat(**{str(k): v if k in ("group", "min_step") else str(v) for k, v in given.items()})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"kv_storage {dict(given)!r}: {error}") from None
+    raise ValueError(f"kv_storage as a mapping is a block format and where its blocks are cut, {{'format': one of "
+                     f"{tuple(BLOCK_KV_STORAGES)}, 'along': one of {KV_ALONG}}}, or affine groups, {{'format': "
+                     f"'uint8' | 'uint4' | 'uint3' | 'uint2', 'scale': 'per_group', 'group': int, and optionally "
+                     f"'min_step', 'zero_point'}}; got {dict(given)!r}")
+
+
+def _declared_kv(adapter: Any) -> tuple[str, StorageFormat | None]:
     dtype = str(getattr(adapter, "dtype", "float64"))
-    storage = str(getattr(adapter, "kv_storage", None) or dtype)
-    if storage not in KV_STORAGES:
-        raise ValueError(f"kv_storage must be one of {KV_STORAGES}, got {storage!r}")
-    if storage != dtype and storage not in NARROW_KV_STORAGES:
-        raise ValueError(f"kv_storage {storage!r} under dtype {dtype!r}: a cache is the dtype itself, or one of "
-                         f"{NARROW_KV_STORAGES} under a wider computation")
-    block = BLOCK_KV_STORAGES.get(storage)
-    multiple = ModelLimits.of(adapter).head_width_multiple
-    if block is not None and (multiple is None or multiple % block):
-        raise ValueError(f"kv_storage {storage!r} stores blocks of {block} features of a head row: declare "
-                         f"model_limits head_width_multiple {block} (or a multiple of it), got {multiple!r}")
-    return storage
+    given = getattr(adapter, "kv_storage", None) or dtype
+    if isinstance(given, Mapping):
+        rule: StorageFormat | None = _kv_mapping(given)
+        storage = str(given["format"])
+    else:
+        storage = str(given)
+        if storage not in KV_STORAGES:
+            raise ValueError(f"kv_storage must be one of {KV_STORAGES}, got {storage!r}")
+        if storage != dtype and storage not in NARROW_KV_STORAGES:
+            raise ValueError(f"kv_storage {storage!r} under dtype {dtype!r}: a cache is the dtype itself, or one of "
+                             f"{NARROW_KV_STORAGES} under a wider computation")
+        rule = None if storage == dtype else StorageFormat(
+            storage, "per_block" if storage in BLOCK_KV_STORAGES else "none")
+    if rule is not None and rule.scale in ("per_block", "per_group"):
+        need = BLOCK_KV_STORAGES[storage] if rule.scale == "per_block" else rule.group
+        limit = "kv_width_multiple" if rule.along == "row" else "head_width_multiple"
+        multiple = getattr(ModelLimits.of(adapter), limit)
+        if multiple is None or multiple % need:
+            what = f"blocks of {need} features of a {'kv' if rule.along == 'row' else 'head'} row" if (
+                rule.scale == "per_block") else f"groups of {need} features of a head row"
+            raise ValueError(f"kv_storage {storage!r} stores {what}: declare model_limits {limit} {need} (or a "
+                             f"multiple of it), got {multiple!r}")
+    return storage, rule
 
 
 def model_methods(capabilities: frozenset[str]) -> list[str]:
@@ -312,4 +379,5 @@ class ModelAdapter(Protocol):
 
 __all__ = ["CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "REMOVALS",
            "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch", "ModelConfig",
-           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_storage", "model_methods"]
+           "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along", "declared_kv_format",
+           "declared_kv_storage", "described_kv_storage", "model_methods"]

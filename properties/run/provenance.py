@@ -14,7 +14,7 @@ import numpy as np
 
 from ..protocol.declarations import LayerLimits
 from ..protocol.kinds import Capability
-from ..protocol.model import ModelLimits, ModelPolicy, declared_kv_storage
+from ..protocol.model import ModelLimits, ModelPolicy, described_kv_storage
 
 SUITE = Path(__file__).resolve().parents[1]  # the suite's package: properties/ in a clone, else kvcache_conformance/
 # A clone of the repository (its reference beside the suite), else None: an installed suite has no checkout.
@@ -37,7 +37,7 @@ def implementation_facts(adapter: Any, spec: str | None) -> dict[str, Any]:
              "spec": spec, "dtype": str(getattr(adapter, "dtype", "float64")),
              "capabilities": sorted(adapter.capabilities), "layer_limits": LayerLimits.of(adapter).described()}
     if Capability.WHOLE_MODEL.value in adapter.capabilities:  # docs/spec.md §15.6-§15.7
-        facts.update(kv_storage=declared_kv_storage(adapter), model_policy=ModelPolicy.of(adapter).described(),
+        facts.update(kv_storage=described_kv_storage(adapter), model_policy=ModelPolicy.of(adapter).described(),
                      model_limits=ModelLimits.of(adapter).described())
     return facts
 
