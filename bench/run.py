@@ -44,6 +44,9 @@
 - shipped: KV-cache bugs that shipped in real releases (bench/shipped/catalogue.toml), the plain command on the
   last release with each and the first with its fix, each in a cached environment: caught, quiet on the fix,
   seconds, the shrunk trace's steps (bench/shipped/runner.py; hours cold; only with --only).
+- margins: the float32 family (tests/float32_family.py: correct float32 layer caches and whole models differing
+  in summation order, blocking and fusion) under --seeds random seeds each (dev profile, no example database, as
+  users run): per member and rule, runs, failing seeds, the worst error / tolerance, CPU seconds.
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 - chains: the model machine with the reference's full declaration, 20 random dev runs: each chain case's
@@ -621,6 +624,41 @@ def bench_causes(runs: int = 3) -> None:
             print(f"    {cause['label'][:70]:70} rule {cause['rule']}; trace of {steps} steps")
 
 
+def bench_margins(seeds: int = 20) -> None:
+    """Each member of the float32 family (``tests/float32_family.py``) under ``seeds`` searches of its machine, each
+    with a fresh random seed (the dev profile, no example database): how close the precision rule comes to failing
+    a correct float32 implementation (issue 36). A failing search stops at its first failure (shrunk for 2 s)."""
+    from kvcache_conformance.run import profiles
+    from tests.float32_family import MEMBERS, run_member
+
+    directory = Path(tempfile.mkdtemp())
+    settings = profiles.settings_for("dev", database=None)
+    print(f"the float32 family, {seeds} random seeds per member (profile dev: {settings.max_examples} examples of up "
+          f"to {settings.stateful_step_count} steps a search); margin = worst error / tolerance over every search; "
+          f"median: of the seeds' margins")
+    for kind, members in MEMBERS.items():
+        rule = ""
+        print(f"{'rule':6} {'member':22} {'runs':>6} {'failed':>6} {'margin':>7} {'median':>7} {'error':>9} "
+              f"{'tolerance':>9} {'CPU s':>7}  first failure")
+        for name in members:
+            runs = failed = 0
+            worst, first, cpu, margins = (0.0, 1.0), "", time.process_time(), []
+            for seed in range(seeds):
+                result = run_member(kind, name, settings, trace_dir=directory / f"{kind}-{name}-{seed}",
+                                    shrink_seconds=2.0)
+                runs, rule = runs + result.runs, result.rule or rule
+                worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
+                margins.append(result.worst[0] / result.worst[1])
+                if result.failure is not None:
+                    failed += 1
+                    first = first or str(result.failure).splitlines()[0][:100]
+            middle = statistics.median(margins)
+            print(f"{kind:6} {name:22} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {middle:7.3f} {worst[0]:9.2e} "
+                  f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}")
+        print(f"  ({kind} rule: {rule})")
+    print(f"(failing runs' traces under {directory})")
+
+
 def bench_chains(seeds: int = 20) -> None:
     """The model machine as users run it (profile dev, random seeds) with the reference's full declaration: each
     chain case's count per run (tests/test_model_chains.py states them for a derandomised run), and the share of
@@ -658,7 +696,8 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "chains": bench_chains, "shipped": bench_shipped, "power": bench_power}
+           "causes": bench_causes, "margins": bench_margins, "chains": bench_chains, "shipped": bench_shipped,
+           "power": bench_power}
 ON_REQUEST = ("shipped", "power")  # hours, not minutes: only with --only
 
 
@@ -666,14 +705,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
                         help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
-    parser.add_argument("--seeds", type=int, default=20, help="power: random seeds per mutant (default 20)")
-    parser.add_argument("--mutants", default=None, help="power: comma-separated mutant names (default: all)")
-    options = parser.parse_args()
-    for name in options.only.split(","):
-        if name.strip() == "power":
-            bench_power(options.seeds, options.mutants.split(",") if options.mutants else None)
-        else:
-            BENCHES[name.strip()]()
+           "causes": bench_causes, "margins": bench_margins, "chains": bench_chains, "shipped": bench_shipped,
+           "power": bench_power}
+ON_REQUEST = ("shipped", "power")  # hours, not minutes: only with --only
         print()
 
 

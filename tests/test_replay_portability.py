@@ -70,6 +70,9 @@ def test_which_claims_a_trace_relied_on() -> None:
         "validates_model_batch": {"value": False, "relied_on_by": ["step 1 (b)"]}}  # the last call: nothing after
     # a rejection in the last step, followed only by the check after it, relies on nothing
     assert recording.claims_relied_on([steps[0]]) == {}
+    # a call outside the spec (Due.outside: a shift past max_positions) accepted: no claim relied on, no KeyError
+    outside = [{"rule": "shift", "expected": [call("unclaimed", outcome=recording.REPLACED)]}, steps[0]]
+    assert recording.claims_relied_on(outside) == {}
     gate = Needs.drawn_under({}, recording.claims_relied_on(steps))
     assert "claims validates_model_batch" in (gate.problem(ModelReferenceAdapter()) or "")
     accepting = AcceptsWhatItDoesNotClaim()

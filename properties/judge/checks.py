@@ -80,7 +80,7 @@ def assert_close(actual: Any, expected: np.ndarray, *, tolerance: float | np.nda
         names = list(axes)[-actual.ndim:] if actual.ndim <= len(axes) else [f"axis{i}" for i in range(actual.ndim)]
         where = ", ".join(f"{name}={int(i)}" for name, i in zip(names, worst))
         mismatched = int(np.count_nonzero(~(error <= limit)))
-        bound = f"its tolerance {worst_limit:.3e}" if per_element else f"tolerance {worst_limit:.0e}"
+        bound = f"its tolerance {worst_limit:.3e}" if per_element else f"tolerance {worst_limit:.4g}"
         raise NonConformance(f"{what}: |error| {worst_error:.3e} at {where} exceeds {bound} "
                              f"({mismatched} of {error.size} elements); got {actual[worst]!r}, "
                              f"should be {expected[worst]!r}", kind=f"{_family(check)} mismatch", check=check)

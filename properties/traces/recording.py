@@ -436,7 +436,7 @@ def claims_relied_on(steps: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
             if entry.get("expect") == REJECTION or "rejected" in entry:  # ("rejected": formats 1 and 2)
                 kind = entry.get("kind") or entry.get("rejected")
                 claim, claimed = entry.get("claim") or CLAIMED_BY[ErrorKind(kind)].value, True
-            elif entry.get("outcome") == REPLACED:
+            elif entry.get("outcome") == REPLACED and entry.get("claim"):  # (a call outside the spec: no claim)
                 claim, claimed = entry["claim"], False
             else:
                 continue
