@@ -705,9 +705,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(name for name in BENCHES if name not in ON_REQUEST),
                         help=f"comma-separated: {', '.join(BENCHES)} (by default all but {', '.join(ON_REQUEST)})")
-           "causes": bench_causes, "margins": bench_margins, "chains": bench_chains, "shipped": bench_shipped,
-           "power": bench_power}
-ON_REQUEST = ("shipped", "power")  # hours, not minutes: only with --only
+    parser.add_argument("--seeds", type=int, default=20, help="margins, chains, power: random seeds (default 20)")
+    parser.add_argument("--mutants", default=None, help="power: comma-separated mutant names (default: all)")
+    arguments = parser.parse_args()
+    for name in arguments.only.split(","):
+        name = name.strip()
+        if name == "power":
+            bench_power(arguments.seeds, arguments.mutants.split(",") if arguments.mutants else None)
+        else:
+            BENCHES[name](**({"seeds": arguments.seeds} if name in ("margins", "chains") else {}))
         print()
 
 
