@@ -58,7 +58,9 @@ def test_a_former_id_narrows_a_known_failure_to_its_family(tmp_path: Path) -> No
     assert _pytest(tmp_path, spec, None)["outcome"] == "failed"
     known = _pytest(tmp_path, spec, f"{PROPERTY}[interleaved-mha]  # off by 1e-6 there (#1)\n")
     assert known["outcome"] == "passed", known  # every other family judged, and passing
-    assert "interleaved-mha" not in known["families"] and len(known["families"]) == 5
+    # the other five families are drawn alike; a derandomised run of ~100 examples has met all five or four (under
+    # the release's seed of 2026-12-05 half_split-gqa none): what matters is that the one left out is never drawn
+    assert "interleaved-mha" not in known["families"] and len(known["families"]) >= 4, known["families"]
     assert known["known_interleaved-mha"]["failure_kind"] == "output mismatch"
     fixed = _pytest(tmp_path, "tests.test_former_ids:Fixed", f"{PROPERTY}[interleaved-mha]  # off by 1e-6 (#1)\n")
     assert fixed["outcome"] == "failed" and fixed["failure_kind"] == "known failure passed"  # strict, as xfail is
