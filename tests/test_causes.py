@@ -176,10 +176,6 @@ def test_a_search_past_a_cause_counts_its_first_failure_from_its_own_not_from_a_
     chosen = {m.name: m for m in MUTANTS}
     adapter = selection.load_adapter(build(chosen[PAIR[0]], tmp_path / "mutants", chosen[BEHIND]))
     ci = profiles.settings_for("ci", database=None, report_multiple_bugs=False, print_blob=False)
-    where: dict[str, Any] = {"property_id": "operations[window]", "parameters": {"windowed": True}, "settings": ci,
-                             "shrink_seconds": 1.0}
-    first = run_machine("cache_operations", adapter, **where)
-    assert isinstance(first.failure, NonConformance), first.failure
     built: list[tuple[Any, int]] = []  # each machine, and how many non-conformances were made before it
 
     class Counted(MACHINES["cache_operations"]):  # type: ignore[misc,valid-type]
@@ -187,11 +183,22 @@ def test_a_search_past_a_cause_counts_its_first_failure_from_its_own_not_from_a_
             super().__init__(*args, **kwargs)
             built.append((self, NonConformance.raised))
 
-    monkeypatch.setitem(MACHINES, "cache_operations", Counted)
-    past = run_machine("cache_operations", adapter, set_aside=frozenset({cause_of(first.failure)}), **where)
-    assert isinstance(past.failure, NonConformance) and cause_of(past.failure) != cause_of(first.failure)
-    made = [after - before for (_, before), (_, after) in zip(built, [*built[1:], (None, NonConformance.raised)])]
-    own = [n for n, ((machine, _), count) in enumerate(zip(built, made), 1) if count > len(machine.met_again)]
-    discarded = [n for n, (machine, _) in enumerate(built, 1) if machine.met_again]
-    assert discarded and discarded[0] < own[0], (discarded[:5], own[:5])  # the search met the known cause first
-    assert past.first_failing == own[0]
+    # A ci program is its property's: the first whose search past the known cause meets that cause before its own
+    # (the case the count could get wrong) is the one judged; a search meeting its own first says nothing.
+    for attempt in range(8):
+        where: dict[str, Any] = {"property_id": f"operations[window]#{attempt}", "parameters": {"windowed": True},
+                                 "settings": ci, "shrink_seconds": 1.0}
+        first = run_machine("cache_operations", adapter, **where)
+        assert isinstance(first.failure, NonConformance), first.failure
+        built.clear()
+        with monkeypatch.context() as patched:
+            patched.setitem(MACHINES, "cache_operations", Counted)
+            past = run_machine("cache_operations", adapter, set_aside=frozenset({cause_of(first.failure)}), **where)
+        assert isinstance(past.failure, NonConformance) and cause_of(past.failure) != cause_of(first.failure)
+        made = [after - before for (_, before), (_, after) in zip(built, [*built[1:], (None, NonConformance.raised)])]
+        own = [n for n, ((machine, _), count) in enumerate(zip(built, made), 1) if count > len(machine.met_again)]
+        discarded = [n for n, (machine, _) in enumerate(built, 1) if machine.met_again]
+        if discarded and discarded[0] < own[0]:  # the search met the known cause first
+            assert past.first_failing == own[0], (past.first_failing, own[:5], discarded[:5])
+            return
+    pytest.fail("no search of 8 met the known cause before its own")

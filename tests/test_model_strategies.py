@@ -190,8 +190,10 @@ class Watching(ModelReferenceAdapter):
 
 def watched_run(adapter: Watching) -> Counter[str]:
     Watching.seen = Counter()
+    # 150 examples: in 100, a token of several sequences malformed (unified contexts, one malformation in four)
+    # was met twice under the release's seed
     result = run_machine("model", adapter, property_id="model-coverage",
-                         settings=profiles.settings_for("dev", database=None, derandomize=True))
+                         settings=profiles.settings_for("dev", database=None, derandomize=True, max_examples=150))
     assert result.failure is None, result.failure
     return Watching.seen
 
