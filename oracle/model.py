@@ -241,6 +241,10 @@ class CellContext:
         """The cells ``seq`` sees, in store order."""
         return [cell for cell in self.store_of(seq) if seq in cell.sequences]
 
+    def own_cells(self, seq: int) -> int:
+        """The cells only ``seq`` holds: what removing its cells frees (a cell it shares stays for the others)."""
+        return sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
+
     def pos_min(self, seq: int) -> int:  # a Python int, whatever ints the batches gave (numpy's, §15.3)
         return int(min((cell.position for cell in self.cells_of(seq)), default=-1))
 
@@ -423,8 +427,7 @@ class CellContext:
         """``seq`` holds exactly the saved cells, its own removed first (their cells count as free)."""
         self._check_sequence(seq)
         store = self.store_of(seq)
-        freed = sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
-        self._room(store, len(saved.cells), freed, "loading")
+        self._room(store, len(saved.cells), self.own_cells(seq), "loading")
         self.remove(seq, -1, -1)
         store.extend(Cell(position, token, keys, values, {seq}) for position, token, keys, values in saved.cells)
 

@@ -80,14 +80,16 @@ class Estimated:
         r = self.rounding
         return math.hypot(self.error, math.sqrt(self.terms - 1) * (r.unit * self.mass + r.tiny))
 
-    def _result(self, value: float, error: float) -> Estimated:
-        """One rounded operation's result: ``error`` propagated from the operands, plus its own rounding."""
+    def _result(self, value: float, error: float, relative: float | None = None) -> Estimated:
+        """One rounded operation's result: ``error`` propagated from the operands, plus its own rounding (``relative``
+        to the result: half an ulp, ``unit``, unless a library function's)."""
         r = self.rounding
         if value == 0 and error == 0:  # an exact zero (sum's start=x * 0) rounds to itself
             return Estimated(0.0, 0.0, r)
         if not abs(value) + error <= r.largest:  # overflow (or NaN): nothing to judge
             return Estimated(value, math.inf, r)
-        return Estimated(value, math.hypot(error, r.unit * abs(value) + r.tiny), r)
+        own = (r.unit if relative is None else relative) * abs(value) + r.tiny
+        return Estimated(value, math.hypot(error, own), r)
 
     def _of(self, other: Any) -> Estimated:
         if isinstance(other, Estimated):
@@ -163,10 +165,7 @@ class Estimated:
 
 def _function_result(x: Estimated, value: float, propagated: float) -> Estimated:
     """A library function's result: ``FUNCTION_ULPS`` of rounding instead of half an ulp."""
-    r = x.rounding
-    if not abs(value) + propagated <= r.largest:
-        return Estimated(value, math.inf, r)
-    return Estimated(value, math.hypot(propagated, r.function * abs(value) + r.tiny), r)
+    return x._result(value, propagated, x.rounding.function)
 
 
 def _exp(x: Estimated) -> Estimated:

@@ -598,7 +598,7 @@ class ModelMachine(ConformanceMachine):
         seq = self._a_sequence(data) if seq is None else seq
         oracle = self.oracles[0]
         store = oracle.store_of(seq)
-        free, own = oracle.free(store), sum(1 for cell in oracle.cells_of(seq) if cell.sequences == {seq})
+        free, own = oracle.free(store), oracle.own_cells(seq)
         pending = self.move_pending
         states = iter(oracle_states)
         judged, results = self._operation(f"load {count} saved cells into sequence {seq} of {where}",
@@ -718,7 +718,7 @@ class ModelMachine(ConformanceMachine):
             return
         count = self.saved[-1][2]
         oracle = self.oracles[0]
-        own = {seq: sum(1 for cell in oracle.cells_of(seq) if cell.sequences == {seq}) for seq in range(self.sequences)}
+        own = {seq: oracle.own_cells(seq) for seq in range(self.sequences)}
         # too full even so: a destination of fewer own cells than the state, other sequences in its store to fill
         short = [seq for seq in range(self.sequences) if seq != src and own[seq] < count
                  and len(self._sharing_the_store(seq)) > 1]
