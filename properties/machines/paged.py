@@ -759,10 +759,17 @@ class PagedCacheMachine(ConformanceMachine):
         if added:
             self._free(added[data.choose(range(len(added)), "freed")])
         fillers = []
-        while data.draw(st.booleans(), label="fill the pool") and self.state.free:  # free blocks only: no eviction
-            filler = data.draw(g.token_lists(self.config.vocab, 1, min(MAX_LENGTH, self.state.free * self.block_size)),
+        # On purpose, the pool filled to its last free block: the cached copy alone then leaves no room for the
+        # extension's new block, and only the in-use copy would (full is due under "cached_first").
+        exactly = data.optional(g.on_purpose("filled as drawn", "filled exactly"), "fill", "filled as drawn")
+        while self.state.free and (exactly == "filled exactly" or data.draw(st.booleans(), label="fill the pool")):
+            room = min(MAX_LENGTH, self.state.free * self.block_size)  # free blocks only: no eviction
+            filler = data.draw(g.token_lists(self.config.vocab, room if exactly == "filled exactly" else 1, room),
                                label="filler")
+            before = self.state.free
             fillers.append(self._add(filler, SCOPES[1], 0))
+            if self.state.free == before:  # refused: the pool is as full as an add can make it
+                break
         self._add([*tokens, data.draw(st.integers(0, self.config.vocab - 1), label="extension")], SCOPES[0], 0)
         for sequence in fillers:
             if sequence in self.live:
