@@ -368,7 +368,7 @@ class RaggedKvCache:
             raise ZeroBatchSize()
         if capacity == 0:
             raise ZeroCapacity()
-        self._binding = LayerKvCache(layer, 1, min(capacity, layer.rope.max_positions))
+        self._binding = LayerKvCache(layer, 1, 1)  # the binding only: its rows are never used
         if capacity > layer.rope.max_positions:
             raise CapacityExceedsPositions(capacity, layer.rope.max_positions)
         self.capacity, self.kv_heads, self.head_width = capacity, layer.kv_heads, layer.head_width
