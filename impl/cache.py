@@ -428,7 +428,8 @@ class RaggedKvCache:
         self._set(np.where(kept, np.take_along_axis(keys, gather, axis=2), 0.0),
                   np.where(kept, np.take_along_axis(values, gather, axis=2), 0.0), lengths)
 
-    def reset(self) -> None:
+    def reset(self, *, zero_storage: bool = False) -> None:
+        """Every row emptied (its buffers hold no slot: ``zero_storage`` has nothing to zero)."""
         self._set(self._keys[:, :, :0], self._values[:, :, :0], np.zeros(self.batch_size, dtype=np.int64))
 
     def truncate(self, length: object) -> None:

@@ -149,6 +149,11 @@ class Handle:
         self.cache, self.layer, self.window = cache, layer, window
 
 
+def _library_cache(handle: Any) -> Any:
+    """The library's cache a handle holds; a ragged batch (docs/spec.md §13.8) is the reference's own, no handle."""
+    return handle.cache if isinstance(handle, Handle) else handle
+
+
 class ResetByReplacement(ReferenceAdapter):
     """A library with no reset: the adapter's cache handle holds the library's cache, and reset puts a new, empty
     one in. It keeps the old one's binding (docs/spec.md §6.1: a stale cache stays stale) -- here a copy emptied;
@@ -160,8 +165,11 @@ class ResetByReplacement(ReferenceAdapter):
         return Handle(super().create_cache(layer, batch_size, capacity, window, sinks), layer, window)
 
     def reset(self, handle: Handle) -> None:
+        if not isinstance(handle, Handle):  # a ragged batch (docs/spec.md §13.8): the reference's own
+            return super().reset(handle)
         handle.cache = handle.cache.fork()  # new buffers, the same binding
         handle.cache.truncate(0)
+        return None
 
     def step(self, layer: Any, handle: Handle, x: Any) -> Any:
         return super().step(layer, handle.cache, x)
@@ -170,16 +178,16 @@ class ResetByReplacement(ReferenceAdapter):
         return super().append(layer, handle.cache, x)
 
     def truncate(self, handle: Handle, n: Any) -> None:
-        super().truncate(handle.cache, n)
+        super().truncate(_library_cache(handle), n)
 
     def reorder(self, handle: Handle, indices: Any) -> None:
         super().reorder(handle.cache, indices)
 
     def select(self, handle: Handle, indices: Any) -> None:
-        super().select(handle.cache, indices)
+        super().select(_library_cache(handle), indices)
 
     def repeat_interleave(self, handle: Handle, repeats: Any) -> None:
-        super().repeat_interleave(handle.cache, repeats)
+        super().repeat_interleave(_library_cache(handle), repeats)
 
     def fork(self, handle: Handle) -> Handle:
         return Handle(handle.cache.fork(), handle.layer, handle.window)

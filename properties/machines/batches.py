@@ -37,7 +37,7 @@ from .layer_steps import layer_needs
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
 MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token")
 FILTERS = ("any rows", "one row", "no rows", "invalid rows")
-EXTRACTS = ("a valid row", "an invalid row")
+EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
 UNSTORED = "ragged batches are judged without a declared storage only (docs/spec.md §13.8)"
 
@@ -193,6 +193,15 @@ class BatchesMachine(ConformanceMachine):
                   due=Due.check(ErrorKind.INVALID_LENGTH), inputs=handed,
                   observe=lambda: self._observed(self.cache, what), replace=self._replace)
 
+    def _make_ragged(self, data: Draws) -> None:
+        """Rows of different lengths, one holding tokens, for certain: unless the batch has them, a fresh batch of
+        two rows or more (the stale one replaced) and a chunk leaving one row empty beside a long one."""
+        if len({len(row.rows) for row in self.rows}) > 1 and not self.stale:
+            return
+        self.cache, self.rows = self._new_batch(min(self.largest, max(2, len(self.rows))))
+        self.stale = False
+        self._append(data, self.cache, self.rows, RAGGED[1])
+
     # -- merge, extract, filter -----------------------------------------------------------------------
 
     @rule(data=st.data(), requires=[Capability.BATCH_MERGE], when=lambda self: len(self.rows) < self.largest)
@@ -201,6 +210,8 @@ class BatchesMachine(ConformanceMachine):
         each row keeping its tokens. On purpose (``MERGES``) the other batch holds no token, or the running one
         holds none (reset first)."""
         self._fresh_if_stale()
+        if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
+            return
         case = data.optional(g.on_purpose(*MERGES), "merges", MERGES[0])
         if case == MERGES[2] and any(row.rows for row in self.rows):
             self._reset()
@@ -227,17 +238,24 @@ class BatchesMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.BATCH_EXTRACT])
     def extract(self, data: Draws) -> None:
-        """One row as a new batch of one, holding that row's tokens; the running batch unchanged. An invalid row
-        (negative, B or more, a float, a bool) is INVALID_INDICES where validates_indices is claimed. Then go on
-        with either."""
+        """One row as a new batch of one, holding that row's tokens; the running batch unchanged. On purpose
+        (``EXTRACTS``) a row holding tokens of a batch whose rows differ in length (made so first if they do not).
+        An invalid row (negative, B or more, a float, a bool) is INVALID_INDICES where validates_indices is claimed.
+        Then go on with either."""
+        case = data.optional(g.on_purpose(*EXTRACTS), "extracts", EXTRACTS[0]) if self.rows else EXTRACTS[2]
+        if case == EXTRACTS[1] and self.largest < 2:  # (a batch of one row at most: nothing ragged to extract from)
+            case = EXTRACTS[0]
+        if case == EXTRACTS[1]:
+            self._make_ragged(data)
         size = len(self.rows)
-        case = data.optional(g.on_purpose(*EXTRACTS), "extracts", EXTRACTS[0]) if size else EXTRACTS[1]
         if case == EXTRACTS[0]:
             row: Any = data.draw(st.integers(0, size - 1), label="row")
+        elif case == EXTRACTS[1]:
+            row = data.draw(st.sampled_from([b for b, r in enumerate(self.rows) if r.rows]), label="row")
         else:
             row = data.draw(st.sampled_from([-1, size, size + 1, 0.0, True]), label="invalid row")
         what = f"extract row {row!r} of a batch of {size}"
-        due = Due.check(None if case == EXTRACTS[0] else ErrorKind.INVALID_INDICES)
+        due = Due.check(ErrorKind.INVALID_INDICES if case == EXTRACTS[2] else None)
         judged = self.call(what, lambda: self.adapter.extract(self.cache, row), due=due,
                            observe=lambda: self._observed(self.cache, what), replace=self._replace)
         if not judged.to_judge or due.kind is not None:
