@@ -269,12 +269,12 @@ class LayerKvCache:
                                     (CacheHeadWidthMismatch, self.head_width, other.head_width)):
             if mine != theirs:
                 raise error(layer=theirs, cache=mine)
-        for index, (mine, theirs) in enumerate(zip(self._parameters, other._parameters)):
-            if mine is not theirs:
+        for index, (own, other_parameter) in enumerate(zip(self._parameters, other._parameters)):
+            if own is not other_parameter:
                 raise CacheLayerMismatch(index)
-        for index, (version, theirs) in enumerate(zip(self._versions, other._versions)):
-            if theirs != version:
-                raise CacheLayerRevisionMismatch(index, cache=version, layer=theirs)
+        for index, (version, other_version) in enumerate(zip(self._versions, other._versions)):
+            if other_version != version:
+                raise CacheLayerRevisionMismatch(index, cache=version, layer=other_version)
         if not self._rope.same_as(other._rope):
             raise CacheRopeMismatch(cache=self._rope, layer=other._rope)
 

@@ -682,7 +682,8 @@ BATCH_MUTANTS = (
            "rotates a row's new tokens at their padded column, not at the row's own positions", "batches"),
     Mutant("ragged_positions_restart_at_every_chunk", "attention.py",
            (("        positions = cache.lengths[:, None] + np.arange(tokens)[None, :] - (tokens - counts)[:, None]",
-             "        positions = np.arange(tokens)[None, :] - (tokens - counts)[:, None] + 0 * cache.lengths[:, None]"),),
+             "        positions = np.arange(tokens)[None, :] - (tokens - counts)[:, None] + 0 * cache.lengths[:, None]"
+             ),),
            "numbers every chunk's tokens from 0, whatever the row holds", "batches"),
     Mutant("merge_pads_an_empty_side_with_the_other_batch", "cache.py",
            (("        parts = [side._left_padded(width) for side in (self, other)]",
@@ -712,7 +713,8 @@ BATCH_MUTANTS = (
            (("        self._gather(array)\n", "        self._gather(np.sort(array))\n"),),
            "a filter keeps the rows asked for in their old order, not the order given", "batches"),
     Mutant("ragged_truncate_counts_from_the_padding", "cache.py",
-           (("        rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]  # a token's position",
+           (("        rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]"
+             "  # a token's position",
              "        rank = np.arange(self.width)[None, :] + 0 * self.lengths[:, None]"),),
            "a truncation of ragged rows keeps the first n slots of the padded layout, not each row's first n tokens",
            "batches"),
