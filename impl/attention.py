@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import LayerKvCache
+from .cache import LayerKvCache, RaggedKvCache
 from .errors import (
     CacheFull,
     InputBatchMismatch,
@@ -157,6 +157,57 @@ class AttentionLayer:
             _require_finite(NonFiniteAttention, "attention output", output)
         return PreparedRows(output=output, keys=key, values=value)
 
+    # -- ragged batches (docs/spec.md §13.8) -------------------------------------------------------------
+
+    def forward_ragged(self, x: np.ndarray, lengths: object, cache: RaggedKvCache) -> np.ndarray:
+        """Row ``b`` appends its last ``lengths[b]`` rows of the left-padded ``x [B, T, D]`` at its own positions
+        ``n_b ..``, attending to its own tokens only. Returns ``[B, T, D]`` (zero at padding). Checked in §13.8's
+        order; nothing is written unless every check passes."""
+        _check_float_rows(x)
+        if x.shape[1] < 1:
+            raise TokenCountError(x.shape[1])
+        if len(x) != cache.batch_size:  # one row of x per batch row
+            raise InputBatchMismatch(input=len(x), cache=cache.batch_size)
+        if x.shape[2] != self.model_width:
+            raise InputWidthMismatch(expected=self.model_width, actual=x.shape[2])
+        counts = cache.chunk_lengths(lengths, x.shape[1])
+        cache.check_binding(self)
+        if int((cache.lengths + counts).max(initial=0)) > cache.capacity:
+            raise CacheFull(cache.capacity)
+        output, key, value = self._prepare_ragged(x, counts, cache)
+        cache.commit(key, value, counts)
+        return output
+
+    def _prepare_ragged(self, x: np.ndarray, counts: np.ndarray,
+                        cache: RaggedKvCache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tokens = x.shape[1]
+        real = np.arange(tokens)[None, :] >= (tokens - counts)[:, None]  # [B, T]: a token, not padding
+        positions = cache.lengths[:, None] + np.arange(tokens)[None, :] - (tokens - counts)[:, None]  # [B, T]
+        rows = np.where(real[..., None], x, 0.0)  # padding is never read
+        _require_finite(NonFiniteInput, "input", rows)
+        with np.errstate(over="ignore", invalid="ignore"):
+            query, key, value = self._project(rows)
+            cos, sin = self.rope.angles(np.maximum(positions, 0), self.functions)  # [B, T, r/2]
+            angles = (cos[:, None], sin[:, None])  # one table per row, over its heads
+            query, key = self.rope.rotate_with(query, angles), self.rope.rotate_with(key, angles)
+            for error, what, array in ((NonFiniteKeyValue, "projected key", key),
+                                       (NonFiniteKeyValue, "projected value", value),
+                                       (NonFiniteAttention, "rotated query", query)):
+                _require_finite(error, what, array)
+            stored_keys, stored_values = cache.padded_rows()  # [B, KV, P, dh], left-padded
+            width = stored_keys.shape[2]
+            stored_real = np.arange(width)[None, :] >= (width - cache.lengths)[:, None]  # [B, P]
+            stored_positions = cache.lengths[:, None] - width + np.arange(width)[None, :]
+            key_positions = np.concatenate([stored_positions, positions], axis=1)  # [B, P + T]
+            key_real = np.concatenate([stored_real, real], axis=1)
+            visible = key_real[:, None, :] & (key_positions[:, None, :] <= positions[:, :, None]) \
+                & real[:, :, None]  # [B, T, P + T]: a row's own tokens, causally
+            mixed = _attend_masked(query, np.concatenate([stored_keys, key], axis=2),
+                                   np.concatenate([stored_values, value], axis=2), visible, self.functions)
+            output = np.where(real[..., None], mixed @ self.wo.value, 0.0)  # [B, T, D]
+            _require_finite(NonFiniteAttention, "attention output of the rows appended", output)
+        return output, key, value
+
     def _project(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries ``[B, H, T, dh]``, keys and values ``[B, KV, T, dh]`` of rows ``x [B, T, D]``."""
         batch, tokens, _ = x.shape
@@ -246,6 +297,30 @@ def _attend_tile(query: np.ndarray, positions: np.ndarray, key: np.ndarray, valu
     weights = _softmax(scores, functions).reshape(batch, kv_heads, group * rows, -1)  # [B, KV, G*t, n + k]
     mixed: np.ndarray = weights[..., :stored] @ stored_values + weights[..., stored:] @ value  # [B, KV, G*t, dh]
     return mixed.reshape(batch, kv_heads, group, rows, dh)
+
+
+def _attend_masked(query: np.ndarray, keys: np.ndarray, values: np.ndarray, visible: np.ndarray,
+                   functions: Functions = FLOAT64_FUNCTIONS) -> np.ndarray:
+    """``query [B, H, T, dh]`` over ``keys``/``values [B, KV, K, dh]`` where ``visible [B, T, K]`` (one mask per
+    batch row, the same for every head); ``[B, T, H*dh]``. A query that sees nothing (padding) mixes nothing."""
+    batch, heads, tokens, dh = query.shape
+    kv_heads, count = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group, tokens, dh)  # [B, KV, G, T, dh]; head h -> kv head h // G
+    scores = (grouped.reshape(batch, kv_heads, group * tokens, dh) @ keys.swapaxes(-1, -2)) / math.sqrt(dh)
+    scores = scores.reshape(batch, kv_heads, group, tokens, count)  # [B, KV, G, T, K]
+    mask = visible[:, None, None]  # [B, 1, 1, T, K]: over kv heads and the query heads of each group
+    bad = ~np.isfinite(scores) & mask
+    if bad.any():
+        index = int(np.argmax(bad.ravel()))
+        raise NonFiniteAttention("attention score of a visible key", index, float(scores.ravel()[index]))
+    seen = mask.any(axis=-1, keepdims=True)  # a query that sees nothing is padding: scored 0 everywhere, then 0
+    scores = np.where(mask, scores, np.where(seen, -np.inf, 0.0))
+    weights = _softmax(scores, functions) * seen
+    mixed = weights.reshape(batch, kv_heads, group * tokens, count) @ values  # [B, KV, G*T, dh]
+    by_head = mixed.reshape(batch, heads, tokens, dh)  # head h = kv head h // G, query head h % G of its group
+    merged: np.ndarray = by_head.swapaxes(1, 2).reshape(batch, tokens, heads * dh)
+    return merged
 
 
 def _softmax(scores: np.ndarray, functions: Functions = FLOAT64_FUNCTIONS) -> np.ndarray:

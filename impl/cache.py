@@ -31,6 +31,7 @@ from .errors import (
     InvalidCacheArgument,
     InvalidIndices,
     InvalidLength,
+    InvalidRowLengths,
     RowsEvicted,
     ZeroBatchSize,
     ZeroCapacity,
@@ -259,6 +260,24 @@ class LayerKvCache:
         if not self._rope.same_as(layer.rope):
             raise CacheRopeMismatch(cache=self._rope, layer=layer.rope)
 
+    def check_binding_of(self, other: LayerKvCache) -> None:
+        """Raise unless ``other`` was bound to the same layer as this cache: geometry, parameter objects, versions
+        and RoPE (a merge of two caches)."""
+        for error, mine, theirs in ((CacheModelWidthMismatch, self.model_width, other.model_width),
+                                    (CacheHeadCountMismatch, self.heads, other.heads),
+                                    (CacheKvHeadCountMismatch, self.kv_heads, other.kv_heads),
+                                    (CacheHeadWidthMismatch, self.head_width, other.head_width)):
+            if mine != theirs:
+                raise error(layer=theirs, cache=mine)
+        for index, (own, other_parameter) in enumerate(zip(self._parameters, other._parameters)):
+            if own is not other_parameter:
+                raise CacheLayerMismatch(index)
+        for index, (version, other_version) in enumerate(zip(self._versions, other._versions)):
+            if other_version != version:
+                raise CacheLayerRevisionMismatch(index, cache=version, layer=other_version)
+        if not self._rope.same_as(other._rope):
+            raise CacheRopeMismatch(cache=self._rope, layer=other._rope)
+
     def held_rows(self, *, oldest_first: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The held keys and values ``[B, KV, n, dh]`` and their positions ``[n]``, oldest first.
 
@@ -330,6 +349,142 @@ class LayerKvCache:
         self._values[:, :, :count] = self._exact_values[:, :, :count] = values
         self._positions[:count] = positions
         self._length, self._next_position, self._first_held = count, next_position, 0
+
+
+class RaggedKvCache:
+    """A batch whose rows hold their own numbers of tokens (docs/spec.md §13.8), laid out left-padded.
+
+    ``[B, KV, P, dh]`` buffers with ``P`` the longest row's length: row ``b``'s ``n_b`` tokens sit in the last
+    ``n_b`` slots, token ``i`` at its own position ``i``; the slots before them are padding, zero, and masked.
+    Every operation lays the rows out anew (``_relayout``): rows merge, split and shrink as continuous batching
+    makes them. The binding (layer identity, versions, RoPE) is a one-row ``LayerKvCache``'s.
+    """
+
+    def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int) -> None:
+        for name, value in (("batch size", batch_size), ("capacity", capacity)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidCacheArgument(name, value)
+        if batch_size == 0:
+            raise ZeroBatchSize()
+        if capacity == 0:
+            raise ZeroCapacity()
+        self._binding = LayerKvCache(layer, 1, 1)  # the binding only: its rows are never used
+        if capacity > layer.rope.max_positions:
+            raise CapacityExceedsPositions(capacity, layer.rope.max_positions)
+        self.capacity, self.kv_heads, self.head_width = capacity, layer.kv_heads, layer.head_width
+        self._set(np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)),
+                  np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)), np.zeros(batch_size, dtype=np.int64))
+
+    def _set(self, keys: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> None:
+        self._keys, self._values, self.lengths = keys, values, lengths
+        self.batch_size = len(lengths)
+
+    @property
+    def width(self) -> int:
+        """Slots per row: the longest row's length."""
+        return int(self._keys.shape[2])
+
+    def check_binding(self, layer: AttentionLayer) -> None:
+        self._binding.check_binding(layer)
+
+    def padded_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Read-only views of the left-padded keys and values ``[B, KV, P, dh]``."""
+        return _read_only(self._keys), _read_only(self._values)
+
+    def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of row ``index``'s own keys and values ``[KV, n, dh]``, oldest first."""
+        first = self.width - int(self.lengths[index])
+        return self._keys[index, :, first:].copy(), self._values[index, :, first:].copy()
+
+    def chunk_lengths(self, lengths: object, tokens: int) -> np.ndarray:
+        """A ragged append's ``lengths`` as int64, one per row in ``[0, tokens]``, or ``InvalidRowLengths``."""
+        try:
+            array = _int_array(lengths)
+        except InvalidIndices:
+            raise InvalidRowLengths(lengths, self.batch_size, tokens) from None
+        if array.shape != (self.batch_size,) or (array.size and (array.min() < 0 or array.max() > tokens)):
+            raise InvalidRowLengths(lengths, self.batch_size, tokens)
+        return array
+
+    def commit(self, keys: np.ndarray, values: np.ndarray, counts: np.ndarray) -> None:
+        """Append computed rows ``[B, KV, T, dh]``, left-padded: row ``b`` its last ``counts[b]``. The caller has
+        checked everything."""
+        tokens = keys.shape[2]
+        real = np.concatenate([self._real(), np.arange(tokens)[None, :] >= (tokens - counts)[:, None]], axis=1)
+        self._relayout(np.concatenate([self._keys, keys], axis=2), np.concatenate([self._values, values], axis=2),
+                       real)
+
+    def _real(self) -> np.ndarray:
+        """Which slots hold a token ``[B, P]`` (the others are padding)."""
+        return np.arange(self.width)[None, :] >= (self.width - self.lengths)[:, None]
+
+    def _relayout(self, keys: np.ndarray, values: np.ndarray, real: np.ndarray) -> None:
+        """Keep the slots ``real [B, S]`` marks, in order, left-padded to the longest row anew."""
+        lengths = real.sum(axis=1).astype(np.int64)
+        width = int(lengths.max(initial=0))
+        order = np.argsort(real, axis=1, kind="stable")[:, real.shape[1] - width:]  # padding first, then tokens
+        kept = np.take_along_axis(real, order, axis=1)[:, None, :, None]
+        gather = order[:, None, :, None]
+        self._set(np.where(kept, np.take_along_axis(keys, gather, axis=2), 0.0),
+                  np.where(kept, np.take_along_axis(values, gather, axis=2), 0.0), lengths)
+
+    def reset(self, *, zero_storage: bool = False) -> None:
+        """Every row emptied (its buffers hold no slot: ``zero_storage`` has nothing to zero)."""
+        self._set(self._keys[:, :, :0], self._values[:, :, :0], np.zeros(self.batch_size, dtype=np.int64))
+
+    def truncate(self, length: object) -> None:
+        """Each row keeps its first ``min(length, n_b)`` tokens; ``length`` an int in ``[0, longest row]``."""
+        if not isinstance(length, (int, np.integer)) or isinstance(length, (bool, np.bool_)) \
+                or not 0 <= length <= self.width:
+            raise InvalidLength(length, self.width)
+        rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]  # a token's position
+        self._relayout(self._keys, self._values, self._real() & (rank < int(length)))
+
+    def _gather(self, rows: np.ndarray) -> None:
+        """The batch rows ``rows`` (old row of each new one), left-padded to their longest."""
+        self._relayout(self._keys[rows], self._values[rows], self._real()[rows])
+
+    def select(self, indices: object) -> None:
+        self._gather(_selection_indices(indices, self.batch_size))
+
+    def repeat_interleave(self, repeats: object) -> None:
+        if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, (bool, np.bool_)) or repeats < 1:
+            raise InvalidIndices(f"repeats {repeats!r} is not an int >= 1")
+        self._gather(np.repeat(np.arange(self.batch_size), int(repeats)))
+
+    def filter(self, rows: object) -> None:
+        """Keep ``rows`` (distinct ints in ``[0, B)``, in this order); none leaves a batch of no rows."""
+        array = _int_array(rows)
+        if array.ndim != 1 or len(set(array.tolist())) != array.size:
+            raise InvalidIndices(f"{array.tolist()}: a filter keeps distinct rows")
+        if array.size and (array.min() < 0 or array.max() >= self.batch_size):
+            raise InvalidIndices(f"{array.tolist()} has an index outside [0, {self.batch_size})")
+        self._gather(array)
+
+    def extract(self, row: object) -> RaggedKvCache:
+        """A new cache of row ``row`` alone, with this one's binding; this one unchanged."""
+        if not isinstance(row, (int, np.integer)) or isinstance(row, (bool, np.bool_)) \
+                or not 0 <= row < self.batch_size:
+            raise InvalidIndices(f"row {row!r} is not an int in [0, {self.batch_size})")
+        single = copy.copy(self)
+        single._gather(np.array([int(row)]))
+        return single
+
+    def merge(self, other: RaggedKvCache) -> None:
+        """``other``'s rows after this one's, each keeping its tokens, left-padded to the longest of both."""
+        if not isinstance(other, RaggedKvCache):
+            raise InvalidIndices(f"a {type(other).__name__} is not a ragged cache to merge")
+        self._binding.check_binding_of(other._binding)
+        width = max(self.width, other.width)
+        parts = [side._left_padded(width) for side in (self, other)]
+        self._set(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                  np.concatenate([self.lengths, other.lengths]))
+        self.capacity = max(self.capacity, other.capacity)
+
+    def _left_padded(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values left-padded with zeros to ``width`` slots."""
+        pad = ((0, 0), (0, 0), (width - self.width, 0), (0, 0))
+        return np.pad(self._keys, pad), np.pad(self._values, pad)
 
 
 def _int_array(indices: object) -> np.ndarray:

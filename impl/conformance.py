@@ -16,7 +16,7 @@ import numpy as np
 
 from . import __version__, errors
 from .attention import AttentionLayer
-from .cache import LayerKvCache
+from .cache import LayerKvCache, RaggedKvCache
 from .decoder import Decoder, DecodeSession
 from .functions import Functions
 from .model_conformance import MODEL_CAPABILITIES, MODEL_ERROR_KINDS, ModelReferenceMethods
@@ -65,6 +65,17 @@ class Snapshot:
     positions: np.ndarray
 
 
+RAGGED_BATCHES = frozenset({"ragged_rows", "batch_merge", "batch_extract", "batch_filter"})
+
+
+@dataclass(frozen=True, eq=False)
+class RowState:
+    """The fields of the suite's ``RowSnapshot``: one ragged row's own keys and values ``[KV, n, dh]``."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
 class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
     name = "impl-reference"
     version = __version__
@@ -76,6 +87,7 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
         "chunked_append", "truncate", "batch_reorder", "batch_select", "batch_repeat", "fork",
         "sliding_window_layer", "attention_sinks",
         "validates_length", "validates_indices", "paged_prefix_sharing",
+        "ragged_rows", "batch_merge", "batch_extract", "batch_filter",
     }) | MODEL_CAPABILITIES  # the whole model (docs/spec.md §15): impl.model_conformance
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
@@ -119,6 +131,26 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
 
     def fork(self, cache: LayerKvCache) -> LayerKvCache:
         return cache.fork()
+
+    # -- ragged batches, merged and split (spec §13.8) ----------------------------------------------------
+
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity)
+
+    def append_ragged(self, layer: AttentionLayer, cache: RaggedKvCache, x: np.ndarray, lengths: Any) -> np.ndarray:
+        return layer.forward_ragged(x, lengths, cache)
+
+    def ragged_snapshot(self, cache: RaggedKvCache) -> list[RowState]:
+        return [RowState(*cache.row(b)) for b in range(cache.batch_size)]
+
+    def merge(self, cache: RaggedKvCache, other: RaggedKvCache) -> None:
+        cache.merge(other)
+
+    def extract(self, cache: RaggedKvCache, row: Any) -> RaggedKvCache:
+        return cache.extract(row)
+
+    def filter(self, cache: RaggedKvCache, rows: Any) -> None:
+        cache.filter(rows)
 
     def reset(self, cache: LayerKvCache) -> None:
         cache.reset()
@@ -195,7 +227,8 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     """The reference with K/V rows stored rounded (docs/spec.md §13.6): computation in float64, storage
     declared, so the suite judges it by the storage rule."""
 
-    capabilities = ReferenceAdapter.capabilities - {"float64"}  # its rows are not judged at 1e-12
+    # its rows are not judged at 1e-12; ragged batches under a declared storage are not judged yet (spec §13.8)
+    capabilities = ReferenceAdapter.capabilities - {"float64", *RAGGED_BATCHES}
 
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule

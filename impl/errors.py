@@ -257,3 +257,13 @@ class PrefillLongerThanWindow(KvCacheError):
         self.tokens, self.window = tokens, window
         super().__init__(f"a prefill of {tokens} tokens is longer than the window of {window}; "
                          f"prefill in chunks of at most {window} tokens")
+
+
+class InvalidRowLengths(InvalidLength):
+    """A ragged append's lengths: not one int per batch row, each in ``[0, T]`` (docs/spec.md §13.8)."""
+
+    def __init__(self, value: object, batch_size: int, tokens: int) -> None:
+        KvCacheError.__init__(self, f"append_ragged: the lengths must be {batch_size} ints in [0, {tokens}] "
+                                    f"(one per batch row), got {value!r}")
+        self.value, self.length = value, tokens
+

@@ -15,13 +15,15 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
+
 from examples.minimal_adapter import (
     make_float32_rope_adapter,
     make_float32_rotation_adapter,
     make_float32_softmax_adapter,
     make_float32_transcendentals_adapter,
 )
-from impl.cache import LayerKvCache
+from impl.cache import LayerKvCache, RaggedKvCache
 from impl.conformance import (
     CachedFirstPagedAdapter,
     KeepsEveryRowAdapter,
@@ -35,7 +37,7 @@ from impl.conformance import (
     UncheckedCapacityAdapter,
     WindowUntilFullAdapter,
 )
-from impl.errors import SequenceOperationRefused
+from impl.errors import CacheFull, InvalidIndices, SequenceOperationRefused
 from impl.model import ModelContext
 from impl.model_conformance import (
     EndOnlyRemovalModelAdapter,
@@ -65,6 +67,7 @@ DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_int
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
            "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"},
+           "ragged_rows": {"batch_merge", "batch_extract", "batch_filter"},
            "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
                            "multi_sequence_tokens"}}
 
@@ -146,6 +149,11 @@ class Handle:
         self.cache, self.layer, self.window = cache, layer, window
 
 
+def _library_cache(handle: Any) -> Any:
+    """The library's cache a handle holds; a ragged batch (docs/spec.md §13.8) is the reference's own, no handle."""
+    return handle.cache if isinstance(handle, Handle) else handle
+
+
 class ResetByReplacement(ReferenceAdapter):
     """A library with no reset: the adapter's cache handle holds the library's cache, and reset puts a new, empty
     one in. It keeps the old one's binding (docs/spec.md §6.1: a stale cache stays stale) -- here a copy emptied;
@@ -157,8 +165,11 @@ class ResetByReplacement(ReferenceAdapter):
         return Handle(super().create_cache(layer, batch_size, capacity, window, sinks), layer, window)
 
     def reset(self, handle: Handle) -> None:
+        if not isinstance(handle, Handle):  # a ragged batch (docs/spec.md §13.8): the reference's own
+            return super().reset(handle)
         handle.cache = handle.cache.fork()  # new buffers, the same binding
         handle.cache.truncate(0)
+        return None
 
     def step(self, layer: Any, handle: Handle, x: Any) -> Any:
         return super().step(layer, handle.cache, x)
@@ -167,16 +178,16 @@ class ResetByReplacement(ReferenceAdapter):
         return super().append(layer, handle.cache, x)
 
     def truncate(self, handle: Handle, n: Any) -> None:
-        super().truncate(handle.cache, n)
+        super().truncate(_library_cache(handle), n)
 
     def reorder(self, handle: Handle, indices: Any) -> None:
         super().reorder(handle.cache, indices)
 
     def select(self, handle: Handle, indices: Any) -> None:
-        super().select(handle.cache, indices)
+        super().select(_library_cache(handle), indices)
 
     def repeat_interleave(self, handle: Handle, repeats: Any) -> None:
-        super().repeat_interleave(handle.cache, repeats)
+        super().repeat_interleave(_library_cache(handle), repeats)
 
     def fork(self, handle: Handle) -> Handle:
         return Handle(handle.cache.fork(), handle.layer, handle.window)
@@ -720,6 +731,125 @@ TWINS.update({
     "paged-block-ids-per-table": (lambda: Declared("twin-block-ids-per-table", REFERENCE, BlockIdsPerTable()),
                                   "paged", {}, ""),
 })
+# -- ragged batches (docs/spec.md §13.8): another layout, and a filter that cannot leave no rows -----------------
+
+class PerRowCaches:
+    """A ragged batch as a server keeps one: a one-row ``LayerKvCache`` per request, each at its own offsets
+    (no padding anywhere), merged, extracted and filtered as lists. The reference's generic methods (reset,
+    truncate, select, repeat_interleave, merge, extract, filter, and the snapshot's ``row``) reach it by duck
+    typing; only the append is the adapter's own."""
+
+    def __init__(self, layer: Any, batch_size: int, capacity: int, rows: list[LayerKvCache] | None = None,
+                 binding: LayerKvCache | None = None) -> None:
+        self.layer, self.capacity = layer, capacity
+        self.rows = rows if rows is not None else [LayerKvCache(layer, 1, capacity) for _ in range(batch_size)]
+        # the batch's own binding: a batch of no rows is still bound (a stale one stays stale, docs/spec.md §13.8)
+        self.binding = binding if binding is not None else LayerKvCache(layer, 1, 1)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def row(self, index: int) -> tuple[Any, Any]:
+        return self.rows[index].keys()[0], self.rows[index].values()[0]
+
+    def reset(self) -> None:
+        for row in self.rows:
+            row.reset()
+
+    def truncate(self, n: Any) -> None:
+        longest = max((row.length for row in self.rows), default=0)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= longest:
+            _probe(self.layer).truncate(n)  # raises its InvalidLength (nothing is valid above 0 there)
+        for row in self.rows:
+            row.truncate(min(n, row.length))
+
+    def _picked(self, rows: Any) -> None:
+        self.rows = [self.rows[int(b)].fork() for b in rows]
+
+    def select(self, indices: Any) -> None:
+        probe = _probe(self.layer, self.batch_size)
+        probe.select(indices)  # its validation, nothing else
+        self._picked(np.asarray(indices))
+
+    def repeat_interleave(self, repeats: Any) -> None:
+        _probe(self.layer, self.batch_size).repeat_interleave(repeats)
+        self._picked(np.repeat(np.arange(self.batch_size), int(repeats)))
+
+    def filter(self, rows: Any) -> None:
+        _probe(self.layer, max(1, self.batch_size), self.batch_size).filter(rows)
+        self._picked(np.asarray(rows, dtype=np.int64).reshape(-1))
+
+    def extract(self, row: Any) -> PerRowCaches:
+        _probe(self.layer, max(1, self.batch_size), self.batch_size).extract(row)
+        return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding)
+
+    def merge(self, other: PerRowCaches) -> None:
+        self.rows = [*self.rows, *(row.fork() for row in other.rows)]
+
+
+def _probe(layer: Any, batch_size: int = 1, rows: int | None = None, capacity: int = 1) -> RaggedKvCache:
+    """An empty ragged cache of ``rows`` rows (0 allowed), only to check an argument as the reference does."""
+    probe = RaggedKvCache(layer, batch_size, capacity)
+    if rows is not None and rows != batch_size:
+        probe.filter(list(range(rows)))
+    return probe
+
+
+class PerRowRaggedAdapter(ReferenceAdapter):
+    """Ragged batches kept as one cache per row (a serving engine's layout): conforms, nothing to declare. The
+    call's own checks are the reference's, on a probe of the batch's size holding nothing; then every row's binding
+    and room, every row computed before any is written."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        RaggedKvCache(layer, batch_size, capacity)  # the creation checks
+        return PerRowCaches(layer, batch_size, capacity)
+
+    def append_ragged(self, layer: Any, cache: Any, x: Any, lengths: Any) -> Any:
+        probe = _probe(layer, max(1, cache.batch_size), cache.batch_size, capacity=layer.rope.max_positions)
+        layer.forward_ragged(x, lengths, probe)
+        counts = probe.lengths  # the lengths, checked: what the probe appended
+        for row in (cache.binding, *cache.rows):
+            row.check_binding(layer)
+        for row, count in zip(cache.rows, counts):
+            if row.length + int(count) > row.capacity:
+                raise CacheFull(row.capacity)
+        tokens, output = x.shape[1], np.zeros(x.shape)
+        prepared = [(b, row, layer.prepare(np.ascontiguousarray(x[b:b + 1, tokens - count:]), row))
+                    for b, (row, count) in enumerate(zip(cache.rows, counts)) if count]
+        for b, row, rows in prepared:
+            output[b, tokens - rows.output.shape[1]:] = rows.output[0]
+            row.commit(rows.keys, rows.values)
+        return output
+
+
+class FilterRefusesNone(RaggedKvCache):
+    """A ragged cache whose filter refuses to leave no rows (a library that drops its batch instead)."""
+
+    def filter(self, rows: object) -> None:
+        if len(np.asarray(rows).reshape(-1)) == 0:
+            raise InvalidIndices("a filter keeps at least one row")
+        super().filter(rows)
+
+
+class FilterRefusesNoneAdapter(ReferenceAdapter):
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        return FilterRefusesNone(layer, batch_size, capacity)
+
+
+VARIANTS.update({
+    # one cache per row, each at its own offsets: another layout of the same rows (nothing to declare)
+    "ragged-per-row-caches": lambda: Declared("ragged-per-row-caches", REFERENCE, PerRowRaggedAdapter()),
+    # a filter that cannot leave no rows: honest without batch_filter (merge and extract still judged)
+    "ragged-filter-refuses-none": lambda: Declared("ragged-filter-refuses-none", REFERENCE - {"batch_filter"},
+                                                   FilterRefusesNoneAdapter()),
+})
+TWINS.update({
+    # the same cache declaring batch_filter: a filter to no rows must succeed (docs/spec.md §13.8)
+    "ragged-filter-refuses-none-claims-batch-filter": (
+        lambda: Declared("twin-filter-refuses-none", REFERENCE, FilterRefusesNoneAdapter()), "batches", {},
+        "expected success"),
+})
 VARIANTS.update(MODEL_VARIANTS)
 TWINS.update(MODEL_TWINS)
 
@@ -735,6 +865,7 @@ MODEL_CAPABILITIES = frozenset({"whole_model", "validates_model_batch", "validat
 PAGED_CAPABILITIES = frozenset({"paged_prefix_sharing"})
 OPERATIONS_CAPABILITIES = frozenset({"chunked_append", "truncate", "batch_reorder", "fork", "batch_select",
                                      "batch_repeat"})
+BATCHES_CAPABILITIES = frozenset({"ragged_rows", "batch_merge", "batch_extract", "batch_filter"})
 AREAS = {  # area: (its capabilities, its declarations, its methods), and the property that judges it
     "model": (MODEL_CAPABILITIES, {"model_policy", "model_limits"},
               {m for c in MODEL_CAPABILITIES for m in METHODS_OF.get(c, ())}, "properties/test_whole_model.py"),
@@ -744,6 +875,9 @@ AREAS = {  # area: (its capabilities, its declarations, its methods), and the pr
     "operations": (OPERATIONS_CAPABILITIES, set(), {m for c in OPERATIONS_CAPABILITIES for m in METHODS_OF[c]},
                    "properties/test_cache_operations.py"),
     "prefix store": (frozenset({"prefix_store"}), set(), set(), "properties/test_prefix_store.py"),
+    # ragged batches (§13.8), read by the batches machine alone (properties/machines/batches.py)
+    "batches": (BATCHES_CAPABILITIES, set(), {m for c in BATCHES_CAPABILITIES for m in METHODS_OF[c]},
+                "properties/test_batches.py"),
 }
 DECLARATION_NAMES = ("model_policy", "model_limits", "paged_policy", "layer_limits", "dtype", "storage", "kv_storage",
                      "mixed_precision", "error_kind")

@@ -666,6 +666,67 @@ MUTANTS = (
 )
 
 
+# Ragged batches, merged and split (docs/spec.md §13.8; issue 38): two mutants per behaviour, killed by the batches
+# machine behind the default reference. The first of each pair is a shipped bug's kind (the issue's).
+BATCH_MUTANTS = (
+    Mutant("ragged_padding_mask_not_broadcast_over_groups", "attention.py",
+           (("    mask = visible[:, None, None]  # [B, 1, 1, T, K]", "    mask = visible[:, None]  # [B, 1, T, K]"),),
+           "applies the per-row padding mask unchanged to the grouped queries [B, KV, G, T, K]: a batch of two rows or "
+           "more fails to broadcast, or masks each kv head by another row's padding", "batches"),
+    Mutant("ragged_padding_keys_visible", "attention.py",
+           (("            visible = key_real[:, None, :] & (key_positions", "            visible = (key_positions"),),
+           "attends to the padding slots before a row's tokens (their positions are below the query's)", "batches"),
+    Mutant("ragged_positions_from_the_padded_column", "attention.py",
+           (("        positions = cache.lengths[:, None] + np.arange(tokens)[None, :] - (tokens - counts)[:, None]",
+             "        positions = np.broadcast_to(cache.width + np.arange(tokens)[None, :], (len(counts), tokens))"),),
+           "rotates a row's new tokens at their padded column, not at the row's own positions", "batches"),
+    Mutant("ragged_positions_restart_at_every_chunk", "attention.py",
+           (("        positions = cache.lengths[:, None] + np.arange(tokens)[None, :] - (tokens - counts)[:, None]",
+             "        positions = np.arange(tokens)[None, :] - (tokens - counts)[:, None] + 0 * cache.lengths[:, None]"
+             ),),
+           "numbers every chunk's tokens from 0, whatever the row holds", "batches"),
+    Mutant("merge_pads_an_empty_side_with_the_other_batch", "cache.py",
+           (("        parts = [side._left_padded(width) for side in (self, other)]",
+             "        parts = [side._left_padded(width) if side.width else (np.zeros((\n"
+             "            (other if side is self else self).batch_size, self.kv_heads, width, self.head_width)),) * 2\n"
+             "            for side in (self, other)]"),),
+           "a side of a merge that holds no token is padded with the other batch's size: a batch of the wrong size",
+           "batches"),
+    Mutant("merge_pads_the_shorter_side_on_the_right", "cache.py",
+           (("        pad = ((0, 0), (0, 0), (width - self.width, 0), (0, 0))",
+             "        pad = ((0, 0), (0, 0), (0, width - self.width), (0, 0))"),),
+           "a merge pads the shorter batch after its tokens instead of before: its rows read padding as tokens",
+           "batches"),
+    Mutant("extract_removes_the_row", "cache.py",
+           (("        single._gather(np.array([int(row)]))\n",
+             "        single._gather(np.array([int(row)]))\n"
+             "        self._gather(np.delete(np.arange(self.batch_size), int(row)))\n"),),
+           "extracting a row also removes it from the batch", "batches"),
+    Mutant("extract_keeps_the_batch_padding", "cache.py",
+           (("        single._gather(np.array([int(row)]))\n",
+             "        single._set(self._keys[[int(row)]], self._values[[int(row)]], np.array([self.width]))\n"),),
+           "the row extracted keeps the batch's width: a shorter row shows padding as tokens", "batches"),
+    Mutant("filter_to_none_breaks", "cache.py",
+           (("        width = int(lengths.max(initial=0))", "        width = int(lengths.max())"),),
+           "a filter to no rows raises (the longest of no rows)", "batches"),
+    Mutant("filter_ignores_the_order", "cache.py",
+           (("        self._gather(array)\n", "        self._gather(np.sort(array))\n"),),
+           "a filter keeps the rows asked for in their old order, not the order given", "batches"),
+    Mutant("ragged_truncate_counts_from_the_padding", "cache.py",
+           (("        rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]"
+             "  # a token's position",
+             "        rank = np.arange(self.width)[None, :] + 0 * self.lengths[:, None]"),),
+           "a truncation of ragged rows keeps the first n slots of the padded layout, not each row's first n tokens",
+           "batches"),
+    Mutant("ragged_gather_keeps_the_leading_rows_lengths", "cache.py",
+           (("        self._relayout(self._keys[rows], self._values[rows], self._real()[rows])",
+             "        real = self._real()\n"
+             "        self._relayout(self._keys[rows], self._values[rows], real[:len(rows)] if len(rows) <= len(real)\n"
+             "                       else real[rows])"),),
+           "a select or filter of ragged rows keeps the lengths of the leading rows, not of the rows kept", "batches"),
+)
+MUTANTS = MUTANTS + BATCH_MUTANTS
+
 # The whole model (impl/model.py, docs/spec.md §15): at least two visible mutants of each sequence operation, killed
 # by the model machine behind the default reference.
 MODEL_MUTANTS = (
@@ -942,6 +1003,8 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
         return [("paged", "paged", {})]
     if mutant.machine == "model":
         return [("model", "model", {})]
+    if mutant.machine == "batches":
+        return [("batches", "batches", {})]
     if mutant.machine in ("cache operations", "window cache"):  # a window mutant: the windowed run only
         return [(f"operations/{'window' if windowed else 'full'}", "cache_operations", {"windowed": windowed})
                 for windowed in ((True,) if mutant.machine == "window cache" else (False, True))]

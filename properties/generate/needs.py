@@ -143,6 +143,8 @@ class Needs:
     # (capability, claimed, what relied on it): a trace's later steps were drawn after a call was rejected under
     # the claim (claimed), or accepted without it and its object replaced (not claimed)
     claims: tuple[tuple[str, bool, str], ...] = ()
+    # what is judged only without a declared storage (ragged batches, docs/spec.md §13.8): the reason it is not
+    unstored: str | None = None
 
     @classmethod
     def of(cls, *capabilities: Any, alternatives: Iterable[tuple[str, Alternatives]] = (),
@@ -181,6 +183,8 @@ class Needs:
         if self.layer_caches and not drives_layer_caches(adapter):
             return (f"{name} drives no layer caches (it has none of {', '.join(LAYER_METHODS)}; a RoPE pairing it "
                     "declares names its decoders' RoPE)")
+        if self.unstored is not None and declared_storage(adapter) is not None:
+            return f"{name} declares storage: {self.unstored}"
         if self.families is not None:
             limits = LayerLimits.of(adapter)
             buildable = layer_families(capabilities, limits)

@@ -2,6 +2,7 @@
 
 - ``layer``: a layer-bound cache, one row at a time (its rules: ``layer_steps``);
 - ``operations``: the same steps with chunks, truncation, reorders, forks and windows;
+- ``batches``: ragged batches (rows at their own offsets) that merge and split;
 - ``session``: a decoder's decode session;
 - ``store``: the longest-common-prefix store;
 - ``paged``: a paged pool sharing blocks between sequences (its rules, stated independently: ``paged_rules``);
@@ -15,6 +16,7 @@ imports another.
 from __future__ import annotations
 
 from ..traces.recording import TracedMachine
+from .batches import BatchesMachine
 from .layer import LayerCacheMachine
 from .model import ModelMachine
 from .operations import CacheOperationsMachine
@@ -26,7 +28,8 @@ from .store import PrefixStoreMachine
 MACHINES: dict[str, type[TracedMachine]] = {
     "layer_cache": LayerCacheMachine, "session": SessionMachine, "prefix_store": PrefixStoreMachine,
     "cache_operations": CacheOperationsMachine, "paged": PagedCacheMachine, "model": ModelMachine,
+    "batches": BatchesMachine,
 }
 
-__all__ = ["MACHINES", "CacheOperationsMachine", "LayerCacheMachine", "ModelMachine", "PagedCacheMachine",
-           "PrefixStoreMachine", "SessionMachine"]
+__all__ = ["MACHINES", "BatchesMachine", "CacheOperationsMachine", "LayerCacheMachine", "ModelMachine",
+           "PagedCacheMachine", "PrefixStoreMachine", "SessionMachine"]

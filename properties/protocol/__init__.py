@@ -5,7 +5,7 @@ call for (structural typing: nothing to import or subclass). Error kinds and
 capabilities are plain strings. The parts:
 
 - ``kinds``: ``ErrorKind``, ``Capability``, and which claim judges which kind;
-- ``layer``: ``KvCacheAdapter`` and ``CacheOperations``, with ``CacheSnapshot``;
+- ``layer``: ``KvCacheAdapter``, ``CacheOperations`` and ``RaggedBatches``, with ``CacheSnapshot`` and ``RowSnapshot``;
 - ``decoder``: ``DecoderAdapter`` (sessions and the prefix store);
 - ``paged``: ``PagedCacheAdapter`` and its declared ``PagedPolicy``;
 - ``model``: ``ModelAdapter`` (whole models over sequences), its ``ModelPolicy`` and ``ModelLimits``;
@@ -20,7 +20,7 @@ from ..oracle import AttentionWeights, DecoderConfig, DecoderWeights, RopeConfig
 from .declarations import METHODS_OF, LayerLimits, required_methods
 from .decoder import BlockState, DecoderAdapter, StoreEntry, StoreResult
 from .kinds import CLAIMED_BY, LAYER_CONVENTIONS, VALIDATIONS, Capability, ErrorKind, declared
-from .layer import CacheOperations, CacheSnapshot, KvCacheAdapter
+from .layer import CacheOperations, CacheSnapshot, KvCacheAdapter, RaggedBatches, RowSnapshot
 from .model import (
     ContextConfig,
     LayerWeights,
@@ -38,5 +38,6 @@ __all__ = ["CLAIMED_BY", "LAYER_CONVENTIONS", "METHODS_OF", "VALIDATIONS", "Atte
            "CacheOperations", "CacheSnapshot", "Capability", "ContextConfig", "DecoderAdapter", "DecoderConfig",
            "DecoderWeights", "ErrorKind", "KvCacheAdapter", "LayerLimits", "LayerWeights", "ModelAdapter",
            "ModelBatch", "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "PagedAdd",
-           "PagedCacheAdapter", "PagedPolicy", "PolicyError", "PoolState", "RopeConfig", "StoreEntry", "StoreResult",
+           "PagedCacheAdapter", "PagedPolicy", "PolicyError", "PoolState", "RaggedBatches", "RopeConfig", "RowSnapshot",
+           "StoreEntry", "StoreResult",
            "declared", "required_methods"]

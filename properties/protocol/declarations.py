@@ -29,6 +29,9 @@ METHODS_OF = {
     Capability.CHUNKED_APPEND.value: ("append",), Capability.TRUNCATE.value: ("truncate",),
     Capability.BATCH_REORDER.value: ("reorder",), Capability.FORK.value: ("fork",),
     Capability.BATCH_SELECT.value: ("select",), Capability.BATCH_REPEAT.value: ("repeat_interleave",),
+    Capability.RAGGED_ROWS.value: ("create_ragged_cache", "append_ragged", "ragged_snapshot"),
+    Capability.BATCH_MERGE.value: ("merge",), Capability.BATCH_EXTRACT.value: ("extract",),
+    Capability.BATCH_FILTER.value: ("filter",),
     Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
                                       "reset_session", "session_state"),
     Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
@@ -233,6 +236,10 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems.append(f"declares {within_window} without decode_session and sliding_window, which it is about")
     if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
         problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
+    splits = sorted(capabilities & {Capability.BATCH_MERGE.value, Capability.BATCH_EXTRACT.value,
+                                    Capability.BATCH_FILTER.value})
+    if splits and Capability.RAGGED_ROWS.value not in capabilities:
+        problems.append(f"declares {', '.join(splits)} without ragged_rows: they work on ragged batches")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
             Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
         problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")

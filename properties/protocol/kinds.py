@@ -92,6 +92,11 @@ class Capability(str, Enum):
     # create_cache(..., window=W, sinks=S): the first S positions stay visible to every later query besides its
     # window (StreamingLLM's attention sinks; transformers' SinkCache, a prompt cache's "keep").
     ATTENTION_SINKS = "attention_sinks"
+    # Batches as servers run them (docs/spec.md §13.8): rows of their own lengths, merged and split.
+    RAGGED_ROWS = "ragged_rows"  # create_ragged_cache, append_ragged(x left-padded, lengths), ragged_snapshot
+    BATCH_MERGE = "batch_merge"  # merge(cache, other): other's rows appended after the cache's (continuous batching)
+    BATCH_EXTRACT = "batch_extract"  # extract(cache, row): a new cache of that one row; the cache unchanged
+    BATCH_FILTER = "batch_filter"  # filter(cache, rows): keep these rows, in this order; none leaves a batch of 0
     VALIDATES_LENGTH = "validates_length"  # truncate rejects an invalid n with invalid_length
     VALIDATES_INDICES = "validates_indices"  # reorder rejects invalid indices with invalid_indices
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)

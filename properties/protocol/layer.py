@@ -114,3 +114,39 @@ class CacheOperations(Protocol):
 
     def fork(self, cache: Any) -> Any:
         """``fork``: an independent copy; writes to either never show in the other."""
+
+
+@dataclass(frozen=True, eq=False)
+class RowSnapshot:
+    """One row of a ragged batch, as copies: its own ``keys`` (as §3 says) and ``values`` ``[KV, n, dh]``, its
+    ``n`` tokens at positions ``0 .. n - 1``, never padding (docs/spec.md §13.8)."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
+@runtime_checkable
+class RaggedBatches(Protocol):
+    """Batches whose rows hold their own numbers of tokens, and batches that merge and split (docs/spec.md §13.8),
+    each under its own capability. ``reset``, ``truncate``, ``select`` and ``repeat_interleave`` take a ragged
+    cache too where their capabilities are declared."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        """``ragged_rows``: a cache of ``batch_size`` empty rows, each of room for ``capacity`` tokens."""
+
+    def append_ragged(self, layer: Any, cache: Any, x: np.ndarray, lengths: Any) -> np.ndarray:
+        """``ragged_rows``: row ``b`` appends its last ``lengths[b]`` rows of ``x [B, T, D]`` (left padding before
+        them), at its own positions ``n_b ..``; returns ``[B, T, D]``, judged at the rows appended only."""
+
+    def ragged_snapshot(self, cache: Any) -> Any:
+        """``ragged_rows``: one ``RowSnapshot`` (or any object with its fields) per batch row, in order."""
+
+    def merge(self, cache: Any, other: Any) -> None:
+        """``batch_merge``: ``other``'s rows appended after the cache's, each keeping its tokens; ``other`` is the
+        adapter's afterwards (the suite never uses it again)."""
+
+    def extract(self, cache: Any, row: int) -> Any:
+        """``batch_extract``: a new ragged cache holding row ``row`` alone; the cache unchanged."""
+
+    def filter(self, cache: Any, rows: Any) -> None:
+        """``batch_filter``: keep ``rows`` (distinct, in this order; none leaves a batch of no rows)."""

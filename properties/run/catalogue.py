@@ -26,6 +26,7 @@ PROPERTIES: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
                      ("test_prefix_store.py::test_prefix_store_conforms[sliding-window]", {"windowed": True})),
     "paged": (("test_paged_cache.py::test_paged_cache_conforms", {}),),
     "model": (("test_whole_model.py::test_whole_model_conforms", {}),),
+    "batches": (("test_batches.py::test_batches_conform", {}),),
 }
 
 

@@ -1,0 +1,422 @@
+"""The batches machine: rows at their own offsets, and batches that merge and split (docs/spec.md §13.8).
+
+A ragged batch is a list of rows, each the list of tokens it appended since creation or reset, at its own
+positions 0, 1, ...; the oracle computes each row on its own (``layer_model``'s oracle of a one-row cache). A
+chunk appends a number of tokens of its own to every row (left-padded: the padding is never read); a merge
+appends another batch's rows; extract, filter, select and repeat pick rows; truncation cuts every row. After
+every rule each row of the running batch shows exactly its own tokens' keys and values.
+
+The cases servers meet are drawn on purpose (``RAGGED``, ``MERGES``, ``FILTERS``): a row empty beside a long
+one, one token per row, merges with and into a batch that holds no token, filters to one row and to none; the
+layer's family (GQA included) is drawn per example, as in the layer machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .. import generate as g
+from ..generate.needs import Needs
+from ..judge.calls import Inputs
+from ..judge.calls import call as raw_call
+from ..judge.checks import expect_success
+from ..judge.failures import NonConformance
+from ..judge.policy import VALID, Due, Expect, Observed
+from ..oracle import FLOAT64, NumberSystem
+from ..protocol.kinds import Capability, ErrorKind
+from ..traces.recording import Draws, initialize, invariant, rule
+from .base import ConformanceMachine
+from .layer_model import CacheModel, LayerOracle
+from .layer_steps import layer_needs
+
+# The batch a ragged chunk is drawn to meet: the plain case first (where shrinking goes), then the hard ones.
+RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
+MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token")
+FILTERS = ("any rows", "one row", "no rows", "invalid rows")
+EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
+LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
+UNSTORED = "ragged batches are judged without a declared storage only (docs/spec.md §13.8)"
+
+
+class BatchesMachine(ConformanceMachine):
+    """Drive a ragged batch of one layer -- chunks of per-row lengths, merges, extracts, filters, selects, repeats,
+    truncations -- and check every row against the oracle of its own tokens."""
+
+    @classmethod
+    def needs(cls, **_: Any) -> Needs:
+        needs = layer_needs(None, None, Capability.RAGGED_ROWS)
+        return Needs(needs.capabilities, needs.alternatives, needs.layer_caches, needs.families, needs.why,
+                     unstored=UNSTORED)
+
+    def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
+        super().__init__(adapter, numbers)
+        self.families = tuple(g.layer_families(self.capabilities, self.limits))
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def build_layer_and_batch(self, data: Draws) -> None:
+        """A layer of a family the adapter can build (GQA included), and a ragged batch of empty rows for it."""
+        self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
+                                                min_capacity=4), label="config")
+        self.oracle = LayerOracle(self.config, None, self.judge, self.has(Capability.KEYS_UNROTATED))
+        self.weights = self.config.weights
+        handed = Inputs()
+        given = handed("weights", self.weights)
+        self.layer = self.must("create the layer", lambda: self.adapter.create_layer(given, self.config.rope), handed)
+        self.cache, self.rows = self._new_batch(self.config.batch_size)
+        self.stale = False
+
+    def _new_batch(self, batch_size: int, what: str = "create a ragged cache") -> tuple[Any, list[CacheModel]]:
+        cache = self.must(what, lambda: self.adapter.create_ragged_cache(self.layer, batch_size,
+                                                                         self.config.capacity))
+        return cache, [CacheModel(self.weights, 1) for _ in range(batch_size)]
+
+    @property
+    def grouped(self) -> bool:
+        return self.config.weights.kv_heads < self.config.weights.heads
+
+    @property
+    def largest(self) -> int:
+        return min(LARGEST_BATCH, self.limits.max_batch or LARGEST_BATCH)
+
+    def _fresh_if_stale(self) -> None:
+        if self.stale:
+            self._replace()
+
+    # -- chunks of per-row lengths --------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def append_ragged(self, data: Draws) -> None:
+        """A chunk of its own number of tokens for every row (0 included), left-padded: each row attends to its
+        own tokens only, at its own positions; or REVISION_MISMATCH if stale. On purpose (``RAGGED``) one row left
+        empty beside one filled as far as its room allows, or one token per row (a decode step)."""
+        case = data.optional(g.on_purpose(*RAGGED), "ragged", RAGGED[0])
+        self._append(data, self.cache, self.rows, case)
+
+    def _lengths(self, data: Draws, rows: list[CacheModel], case: str) -> list[int]:
+        rooms = [min(g.MAX_CHUNK, self.config.capacity - len(row.rows)) for row in rows]
+        if case == RAGGED[2]:
+            return [min(1, room) for room in rooms]
+        if case == RAGGED[1] and len(rows) >= 2 and any(not row.rows for row in rows):
+            empty = data.draw(st.sampled_from([b for b, row in enumerate(rows) if not row.rows]), label="empty row")
+            long = max((b for b in range(len(rows)) if b != empty), key=lambda b: (rooms[b], -b))
+            lengths = [0] * len(rows)
+            lengths[long] = rooms[long]
+            return lengths
+        return [data.draw(st.integers(0, room), label="length") for room in rooms]
+
+    def _append(self, data: Draws, cache: Any, rows: list[CacheModel], case: str, what: str = "") -> None:
+        """One ragged chunk into ``cache`` (the running batch, or one about to be merged) whose rows are ``rows``."""
+        if case == RAGGED[1] and len(rows) >= 2 and cache is self.cache and all(row.rows for row in rows):
+            self._reset()  # a row that holds no token, for certain
+        lengths = self._lengths(data, rows, case)
+        tokens = max([*lengths, 1]) + data.draw(st.integers(0, 1), label="padding columns")
+        x = (data.draw(g.chunks(len(rows), tokens, self.config.model_width), label="chunk") if rows
+             else np.zeros((0, tokens, self.config.model_width)))
+        as_list = data.draw(st.booleans(), label="lengths as a list")
+        argument: Any = list(lengths) if as_list else np.array(lengths, dtype=np.int64)
+        stale = self.stale and cache is self.cache  # a batch to merge is always fresh
+        what = what or f"append a ragged chunk of lengths {lengths} ({tokens} columns)"
+        handed = Inputs()
+        given_x, given_lengths = handed("x", x), handed("lengths", argument)
+        due = Due.check(ErrorKind.REVISION_MISMATCH if stale else None)
+        expected = [self._expected(row, x[b, tokens - length:]) if length and not stale else None
+                    for b, (row, length) in enumerate(zip(rows, lengths))]
+        judged = self.call(what, lambda: self.adapter.append_ragged(self.layer, cache, given_x, given_lengths),
+                           due=due, inputs=handed, observe=lambda: self._observed(cache, what),
+                           replace=self._replace if cache is self.cache else lambda: None)
+        if not judged.to_judge or stale:
+            return
+        output = judged.value
+        if not isinstance(output, np.ndarray) or output.shape != x.shape:
+            raise NonConformance(f"{what}: output of shape {getattr(output, 'shape', None)}, but the chunk is "
+                                 f"{x.shape}", kind="wrong output shape", check="output")
+        for b, (row, length) in enumerate(zip(rows, lengths)):
+            if not length:
+                continue
+            trace, new_rows = expected[b]  # type: ignore[misc]
+            wanted, tolerance = self.judge.bound(trace, lambda t: t.outputs[0, -length:, :])
+            self.judge.close(output[b, tokens - length:], wanted, tolerance, what=f"{what}: row {b}'s output at "
+                             f"positions {len(row.rows)} .. {len(row.rows) + length - 1}", check="output",
+                             axes=("step row", "feature"))
+            row.rows, row.trace = new_rows, trace
+        self._note_ragged(rows, lengths)
+
+    def _expected(self, row: CacheModel, new: np.ndarray) -> tuple[Any, list[np.ndarray]]:
+        rows = [*row.rows, *(new[t][None, :] for t in range(len(new)))]
+        return self.oracle.reference(row, rows), rows
+
+    def _note_ragged(self, rows: list[CacheModel], lengths: Sequence[int]) -> None:
+        held = [len(row.rows) for row in rows]
+        if len(set(held)) > 1:
+            self.exercised("rows at different offsets")
+            if self.grouped:
+                self.exercised("rows at different offsets, grouped-query layer")
+        if 0 in held and max(held, default=0) >= 3:
+            self.exercised("a row empty beside a long one")
+        if len(rows) >= 2 and all(length == 1 for length in lengths) and len(set(held)) > 1:
+            self.exercised("one token per row at different offsets")
+
+    @rule(data=st.data(), requires=[Capability.VALIDATES_LENGTH])
+    def append_ragged_with_invalid_lengths(self, data: Draws) -> None:
+        """Lengths that are not one int in [0, T] per row (one too few or too many, negative, above T, floats):
+        INVALID_LENGTH, nothing changed."""
+        rows = self.rows
+        tokens = data.draw(st.integers(1, g.MAX_CHUNK), label="columns")
+        problem = data.draw(st.sampled_from(["too few", "too many", "negative", "above T", "floats"]),
+                            label="problem")
+        valid = [0] * len(rows)
+        value: Any
+        if problem == "too few":
+            value = valid[:-1] if rows else None
+        elif problem == "too many":
+            value = [*valid, 0]
+        elif problem == "negative":
+            value = [-1, *valid[1:]] if rows else None
+        elif problem == "above T":
+            value = [tokens + 1, *valid[1:]] if rows else None
+        else:
+            value = np.zeros(len(rows), dtype=np.float64) if rows else None
+        if value is None:  # a batch of no rows: only one too many is invalid
+            value = [0]
+        x = (data.draw(g.chunks(len(rows), tokens, self.config.model_width), label="chunk") if rows
+             else np.zeros((0, tokens, self.config.model_width)))
+        what = f"append a ragged chunk with lengths {value!r} ({problem})"
+        handed = Inputs()
+        given_x, given_lengths = handed("x", x), handed("lengths", value)
+        self.call(what, lambda: self.adapter.append_ragged(self.layer, self.cache, given_x, given_lengths),
+                  due=Due.check(ErrorKind.INVALID_LENGTH), inputs=handed,
+                  observe=lambda: self._observed(self.cache, what), replace=self._replace)
+
+    def _make_ragged(self, data: Draws) -> None:
+        """Rows of different lengths, one holding tokens, for certain: unless the batch has them, a fresh batch of
+        two rows or more (the stale one replaced) and a chunk leaving one row empty beside a long one."""
+        if len({len(row.rows) for row in self.rows}) > 1 and not self.stale:
+            return
+        self.cache, self.rows = self._new_batch(min(self.largest, max(2, len(self.rows))))
+        self.stale = False
+        self._append(data, self.cache, self.rows, RAGGED[1])
+
+    # -- merge, extract, filter -----------------------------------------------------------------------
+
+    @rule(data=st.data(), requires=[Capability.BATCH_MERGE], when=lambda self: len(self.rows) < self.largest)
+    def merge(self, data: Draws) -> None:
+        """Another batch of the layer (1 row or more, its own lengths) appended after the running one's rows,
+        each row keeping its tokens. On purpose (``MERGES``) the other batch holds no token, or the running one
+        holds none (reset first)."""
+        self._fresh_if_stale()
+        if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
+            return
+        case = data.optional(g.on_purpose(*MERGES), "merges", MERGES[0])
+        if case == MERGES[2] and any(row.rows for row in self.rows):
+            self._reset()
+        size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
+        other, other_rows = self._new_batch(size, "create the ragged cache to merge")
+        if case != MERGES[1]:
+            for _ in range(data.draw(st.integers(1, 2), label="chunks of the other")):
+                self._append(data, other, other_rows, data.draw(st.sampled_from(RAGGED), label="other's lengths"),
+                             "append a ragged chunk to the batch to merge")
+        if not any(row.rows for row in other_rows):
+            self.exercised("merge of a batch holding no token")
+        if not any(row.rows for row in self.rows):
+            self.exercised("merge into a batch holding no token")
+        if not self.rows:
+            self.exercised("merge into a batch of no rows")
+        if size != len(self.rows):
+            self.exercised("merge of batches of different sizes")
+        what = f"merge a batch of {size} rows holding {[len(r.rows) for r in other_rows]} tokens into one of " \
+               f"{[len(r.rows) for r in self.rows]}"
+        judged = self.call(what, lambda: self.adapter.merge(self.cache, other), due=VALID,
+                           observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        if judged.to_judge:
+            self.rows = [*self.rows, *other_rows]
+
+    @rule(data=st.data(), requires=[Capability.BATCH_EXTRACT])
+    def extract(self, data: Draws) -> None:
+        """One row as a new batch of one, holding that row's tokens; the running batch unchanged. On purpose
+        (``EXTRACTS``) a row holding tokens of a batch whose rows differ in length (made so first if they do not).
+        An invalid row (negative, B or more, a float, a bool) is INVALID_INDICES where validates_indices is claimed.
+        Then go on with either."""
+        case = data.optional(g.on_purpose(*EXTRACTS), "extracts", EXTRACTS[0]) if self.rows else EXTRACTS[2]
+        if case == EXTRACTS[1] and self.largest < 2:  # (a batch of one row at most: nothing ragged to extract from)
+            case = EXTRACTS[0]
+        if case == EXTRACTS[1]:
+            self._make_ragged(data)
+        size = len(self.rows)
+        if case == EXTRACTS[0]:
+            row: Any = data.draw(st.integers(0, size - 1), label="row")
+        elif case == EXTRACTS[1]:
+            row = data.draw(st.sampled_from([b for b, r in enumerate(self.rows) if r.rows]), label="row")
+        else:
+            row = data.draw(st.sampled_from([-1, size, size + 1, 0.0, True]), label="invalid row")
+        what = f"extract row {row!r} of a batch of {size}"
+        due = Due.check(ErrorKind.INVALID_INDICES if case == EXTRACTS[2] else None)
+        judged = self.call(what, lambda: self.adapter.extract(self.cache, row), due=due,
+                           observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        if not judged.to_judge or due.kind is not None:
+            return
+        single = [self.rows[row].copy()]
+        self._rows_match(judged.value, single, f"{what}: the row extracted")
+        if len(self.rows[row].rows) and len({len(r.rows) for r in self.rows}) > 1:
+            self.exercised("extract of a row shorter or longer than another")
+        if data.draw(st.booleans(), label="go on with the row"):
+            self._rows_match(self.cache, self.rows, f"{what}: the batch")
+            self.cache, self.rows = judged.value, single
+
+    @rule(data=st.data(), requires=[Capability.BATCH_FILTER], when=lambda self: bool(self.rows))
+    def filter(self, data: Draws) -> None:
+        """Keep some rows, in the order given (finished requests leave): one row, or none -- a batch of no rows,
+        which later chunks and merges take. Rows that are not distinct ints in [0, B) (a repeat,
+        negative, B or more, floats) are INVALID_INDICES where validates_indices is claimed."""
+        size = len(self.rows)
+        case = data.optional(g.on_purpose(*FILTERS), "filters", FILTERS[0])
+        if case == FILTERS[3]:
+            value: Any = data.draw(st.sampled_from(
+                [[-1], [size], np.zeros(size, dtype=np.float64), [0, 0]]),
+                label="invalid rows")
+            due = Due.check(ErrorKind.INVALID_INDICES)
+        else:
+            if case == FILTERS[2]:
+                kept: list[int] = []
+            elif case == FILTERS[1]:
+                kept = [data.draw(st.integers(0, size - 1), label="kept row")]
+            else:
+                kept = data.draw(st.permutations(range(size)), label="order")[:data.draw(
+                    st.integers(0, size), label="kept")]
+            value = kept if data.draw(st.booleans(), label="as a list") else np.array(kept, dtype=np.int64)
+            due = VALID
+        what = f"filter a batch of {size} to rows {np.asarray(value).tolist()!r}"
+        handed = Inputs()
+        given = handed("rows", value)
+        judged = self.call(what, lambda: self.adapter.filter(self.cache, given), due=due, inputs=handed,
+                           observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        if judged.to_judge and due.kind is None:
+            self.rows = [self.rows[b] for b in kept]
+            self.exercised("filter to no rows" if not kept else "filter to one row" if len(kept) == 1
+                           else "filter to rows")
+
+    # -- the batch operations of §13 on ragged rows ----------------------------------------------------
+
+    @rule(data=st.data(), requires=[Capability.BATCH_SELECT], when=lambda self: bool(self.rows))
+    def select(self, data: Draws) -> None:
+        """A select of ragged rows: the rows kept keep their own tokens and lengths."""
+        indices = data.draw(g.batch_selections(len(self.rows)), label="rows")
+        problem = g.selection_problem(indices.value, len(self.rows))
+        self._pick(f"select the ragged rows {indices.description}", indices.value, problem,
+                   lambda given: self.adapter.select(self.cache, given),
+                   lambda: [int(i) for i in np.asarray(indices.value)])
+
+    @rule(data=st.data(), requires=[Capability.BATCH_REPEAT], when=lambda self: 0 < len(self.rows) <= self.largest // 2)
+    def repeat_interleave(self, data: Draws) -> None:
+        """A repeat of ragged rows: every row, with its own tokens, r times in a row."""
+        repeats = data.draw(g.repeat_counts(len(self.rows), self.largest), label="repeats")
+        self._pick(f"repeat every ragged row: {repeats.description}", repeats.value, g.repeats_problem(repeats.value),
+                   lambda given: self.adapter.repeat_interleave(self.cache, given),
+                   lambda: [b for b in range(len(self.rows)) for _ in range(int(repeats.value))])  # type: ignore
+
+    def _pick(self, what: str, argument: object, problem: ErrorKind | None, action: Any, picked: Any) -> None:
+        handed = Inputs()
+        given = handed("indices", argument)
+        judged = self.call(what, lambda: action(given), due=Due.check(problem), inputs=handed,
+                           observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        if judged.to_judge and problem is None:
+            self.rows = [self.rows[b].copy() for b in picked()]
+
+    @rule(data=st.data(), requires=[Capability.TRUNCATE])
+    def truncate(self, data: Draws) -> None:
+        """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; an invalid n is
+        INVALID_LENGTH where validates_length is claimed."""
+        longest = max([len(row.rows) for row in self.rows], default=0)
+        n = data.draw(g.truncation_lengths(longest), label="n")
+        what = f"truncate ragged rows of {[len(r.rows) for r in self.rows]} tokens to {n.value!r}"
+        judged = self.call(what, lambda: self.adapter.truncate(self.cache, n.value),
+                           due=Due.check(g.length_problem(n.value, longest)),
+                           observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        if judged.to_judge and n.kind is None:
+            if any(len(row.rows) > int(n.value) for row in self.rows) and \
+                    any(len(row.rows) < int(n.value) for row in self.rows):  # type: ignore[call-overload]
+                self.exercised("truncation shorter than one row, longer than another")
+            for row in self.rows:
+                row.cut(min(int(n.value), len(row.rows)))  # type: ignore[call-overload]
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    @rule()
+    def reset(self) -> None:
+        """Every row emptied; the batch size and the binding kept."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self.call("reset the ragged cache", lambda: self.adapter.reset(self.cache))
+        for row in self.rows:
+            row.emptied()
+
+    @rule(data=st.data())
+    def update_weights_in_place(self, data: Draws) -> None:
+        """An optimiser-like write into the layer's parameters: the batch is stale, its chunks REVISION_MISMATCH
+        where binding_checks is claimed."""
+        new = data.draw(g.weight_updates(self.weights), label="new weights")
+        handed = Inputs()
+        given = handed("weights", new)
+        self.must("update the weights in place", lambda: self.adapter.update_weights(self.layer, given), handed)
+        self.weights = new
+        self.stale = True
+
+    @rule(when=lambda self: self.stale)
+    def replace_batch(self) -> None:
+        """A fresh batch for the layer as it is now."""
+        self._replace()
+
+    def _replace(self) -> None:
+        self.cache, self.rows = self._new_batch(max(1, len(self.rows)))
+        self.stale = False  # its layer's parameters written in place since it was built (the whole batch's)
+
+    # -- what a batch shows ---------------------------------------------------------------------------
+
+    def _snapshot(self, cache: Any, what: str) -> list[Any]:
+        rows = expect_success(raw_call(self.adapter, f"{what}: ragged snapshot",
+                                       lambda: self.adapter.ragged_snapshot(cache)), f"{what}: ragged snapshot")
+        try:
+            return [(np.array(row.keys), np.array(row.values)) for row in rows]
+        except (AttributeError, TypeError) as error:
+            raise NonConformance(f"{what}: a ragged snapshot is one object with keys and values per row: {error}",
+                                 kind="malformed snapshot") from error
+
+    def _observed(self, cache: Any, what: str) -> Observed:
+        seen: dict[str, Any] = {}
+        rows = self._snapshot(cache, what)
+        seen["rows"] = len(rows)
+        for b, (keys, values) in enumerate(rows):
+            seen[f"row {b} keys"], seen[f"row {b} values"] = keys, values
+        return seen
+
+    def _rows_match(self, cache: Any, rows: list[CacheModel], what: str) -> None:
+        shown = self._snapshot(cache, what)
+        if len(shown) != len(rows):
+            raise NonConformance(f"{what}: {len(shown)} rows shown, but the batch has {len(rows)}",
+                                 kind="wrong batch size", check="batch size")
+        kv, dh = self.config.weights.kv_heads, self.config.weights.head_width
+        for b, ((keys, values), row) in enumerate(zip(shown, rows)):
+            held, held_keys = self.oracle.held(row), self.oracle.held_keys(row)
+            for name, actual, reference in (("keys", keys, held_keys), ("values", values, held)):
+                shape = (kv, len(row.rows), dh)
+                if actual.shape != shape:
+                    raise NonConformance(f"{what}: row {b} shows {name} of shape {actual.shape}, but it holds "
+                                         f"{len(row.rows)} tokens: {shape}", kind="wrong row length",
+                                         check=f"cached {name}")
+                if reference is None:
+                    continue
+                expected, tolerance = self.judge.bound(reference, lambda t: getattr(t, name)[0])
+                self.judge.close(actual, expected, tolerance, what=f"{what}: row {b}'s cached {name}",
+                                 check=f"cached {name}", axes=("head", "position", "feature"))
+
+    @invariant()
+    def rows_match_oracle(self) -> None:
+        """Every row of the running batch shows its own tokens' keys (§3) and values, and nothing else."""
+        self.tape.expect("after the last step", expect=Expect.STATE.value, rows=[len(row.rows) for row in self.rows])
+        self._rows_match(self.cache, self.rows, "after the last step")

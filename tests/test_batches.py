@@ -1,0 +1,143 @@
+"""Ragged batches that merge and split (docs/spec.md §13.8, issue 38): the batches machine meets the cases servers
+meet in a default run, on purpose; and the reference's ragged cache agrees with the oracle row by row.
+
+The run is derandomised (the default profile's settings, 100 examples): each case is met at least three times in
+it, so that "met" is not a likelihood (tests/test_hard_cases.py says why).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from impl.conformance import make_adapter, make_int8_adapter
+from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
+from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
+from kvcache_conformance.run import profiles
+from kvcache_conformance.run.runner import without_local_constants
+
+CASES = ("rows at different offsets", "rows at different offsets, grouped-query layer", "a row empty beside a long one",
+         "one token per row at different offsets", "merge of a batch holding no token",
+         "merge into a batch holding no token", "merge into a batch of no rows", "merge of batches of different sizes",
+         "filter to one row", "filter to no rows", "extract of a row shorter or longer than another",
+         "truncation shorter than one row, longer than another")
+
+
+class Counted(BatchesMachine):
+    met: ClassVar[Counter[str]] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__(make_adapter())
+
+    def teardown(self) -> None:
+        Counted.met.update(case for (_, case), times in self.exercise.items() for _ in range(times))
+        super().teardown()
+
+
+def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
+    Counted.met.clear()
+    with without_local_constants():
+        run_state_machine_as_test(Counted, settings=profiles.settings_for("dev", database=None, max_examples=100,
+                                                                         derandomize=True))
+    missed = {case: Counted.met[case] for case in CASES if Counted.met[case] < 3}
+    assert not missed, missed
+
+
+def test_ragged_batches_under_a_declared_storage_are_skipped_with_the_reason() -> None:
+    assert BatchesMachine.needs().problem(make_adapter()) is None
+    assert "ragged_rows" in str(BatchesMachine.needs().problem(make_int8_adapter()))  # (the quantized reference's)
+    assert UNSTORED in str(BatchesMachine.needs().problem(_Declaring(make_int8_adapter())))
+
+
+class _Declaring:
+    """An adapter declaring ragged rows beside a storage."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.capabilities = inner.capabilities | {"ragged_rows"}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.fixture
+def layer() -> tuple[Any, Any, AttentionWeights, RopeConfig]:
+    rng = np.random.default_rng(38)
+    d, heads, kv_heads, dh = 6, 4, 2, 4
+    weights = AttentionWeights(rng.uniform(-1, 1, (d, heads * dh)), rng.uniform(-1, 1, (d, kv_heads * dh)),
+                               rng.uniform(-1, 1, (d, kv_heads * dh)), rng.uniform(-1, 1, (heads * dh, d)),
+                               heads=heads, kv_heads=kv_heads)
+    rope = RopeConfig("half_split", 10000.0, dh, 64)
+    adapter = make_adapter()
+    return adapter, adapter.create_layer(weights, rope), weights, rope
+
+
+def _rows_match(adapter: Any, cache: Any, tokens: list[list[np.ndarray]], weights: AttentionWeights,
+                rope: RopeConfig) -> None:
+    shown = adapter.ragged_snapshot(cache)
+    assert len(shown) == len(tokens)
+    for row, held in zip(shown, tokens):
+        assert row.keys.shape == (weights.kv_heads, len(held), weights.head_width)
+        if held:
+            trace = full_prefix_attention(np.array(held)[None], weights, rope)
+            np.testing.assert_allclose(row.keys, trace.keys[0], atol=1e-12)
+            np.testing.assert_allclose(row.values, trace.values[0], atol=1e-12)
+
+
+def test_the_reference_computes_each_ragged_row_on_its_own(layer: tuple[Any, Any, AttentionWeights,
+                                                                          RopeConfig]) -> None:
+    adapter, attention, weights, rope = layer
+    rng = np.random.default_rng(1)
+    cache = adapter.create_ragged_cache(attention, 3, 8)
+    tokens: list[list[np.ndarray]] = [[], [], []]
+
+    def append(target: Any, held: list[list[np.ndarray]], lengths: list[int], columns: int) -> None:
+        x = rng.uniform(-1, 1, (len(held), columns, weights.model_width))
+        output = adapter.append_ragged(attention, target, x, lengths)
+        for b, length in enumerate(lengths):
+            held[b] += list(x[b, columns - length:])
+            if length:
+                trace = full_prefix_attention(np.array(held[b])[None], weights, rope)
+                np.testing.assert_allclose(output[b, columns - length:], trace.outputs[0, -length:], atol=1e-12)
+
+    append(cache, tokens, [0, 3, 1], 4)  # one row empty beside a long one, one column of padding at least
+    append(cache, tokens, [1, 1, 1], 1)  # one token per row at three offsets
+    _rows_match(adapter, cache, tokens, weights, rope)
+    empty = adapter.create_ragged_cache(attention, 2, 8)
+    adapter.merge(cache, empty)  # a batch holding no token
+    tokens += [[], []]
+    _rows_match(adapter, cache, tokens, weights, rope)
+    single = adapter.extract(cache, 1)
+    extracted = [list(tokens[1])]
+    _rows_match(adapter, single, [tokens[1]], weights, rope)
+    _rows_match(adapter, cache, tokens, weights, rope)
+    adapter.filter(cache, [4, 1])
+    tokens = [tokens[4], tokens[1]]
+    adapter.truncate(cache, 2)
+    tokens = [held[:2] for held in tokens]
+    _rows_match(adapter, cache, tokens, weights, rope)
+    adapter.filter(cache, [])  # a batch of no rows, which a chunk and a merge take
+    append(cache, [], [], 2)
+    _rows_match(adapter, cache, [], weights, rope)
+    adapter.merge(cache, single)
+    _rows_match(adapter, cache, extracted, weights, rope)
+
+
+def test_a_rejected_ragged_call_changes_nothing(layer: tuple[Any, Any, AttentionWeights, RopeConfig]) -> None:
+    adapter, attention, weights, _ = layer
+    cache = adapter.create_ragged_cache(attention, 2, 8)
+    adapter.append_ragged(attention, cache, np.full((2, 2, weights.model_width), 0.5), [2, 1])
+    before = [(row.keys.copy(), row.values.copy()) for row in adapter.ragged_snapshot(cache)]
+    for call, kind in ((lambda: adapter.append_ragged(attention, cache, np.zeros((2, 1, weights.model_width)),
+                                                      [2, 0]), "invalid_length"),
+                       (lambda: adapter.filter(cache, [1, 1]), "invalid_indices"),
+                       (lambda: adapter.extract(cache, 2), "invalid_indices")):
+        with pytest.raises(Exception) as raised:
+            call()
+        assert adapter.error_kind(raised.value) == kind
+        after = adapter.ragged_snapshot(cache)
+        assert all(np.array_equal(k, row.keys) and np.array_equal(v, row.values) for (k, v), row in zip(before, after))
