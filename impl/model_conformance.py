@@ -286,3 +286,31 @@ class Float32NormModelAdapter(ModelReferenceAdapter):
 
 def make_float32_norm_model_adapter() -> Float32NormModelAdapter:
     return Float32NormModelAdapter()
+
+
+class Gemma3ModelAdapter(ModelReferenceAdapter):
+    """The reference claiming what it computes past a Llama (docs/spec.md §15.1): per-layer window patterns and a
+    local RoPE base (``interleaved_windows``), and Gemma 3's architecture beside Llama's (``model_limits``
+    ``architectures``)."""
+
+    name = f"{ModelReferenceAdapter.name}[interleaved windows, gemma3]"
+    capabilities = ModelReferenceAdapter.capabilities | {"interleaved_windows"}
+    model_limits: ClassVar[dict[str, Any]] = {"architectures": ["llama", "gemma3"]}
+
+
+def make_gemma3_model_adapter() -> Gemma3ModelAdapter:
+    return Gemma3ModelAdapter()
+
+
+class SwaPattern6ModelAdapter(Gemma3ModelAdapter):
+    """The reference declaring what llama.cpp's ``gemma3`` builds: every sixth layer global, the windowed layers'
+    RoPE base 10000, the Gemma architecture alone; the suite then draws models of six and seven layers."""
+
+    name = f"{ModelReferenceAdapter.name}[gemma3, window pattern 6, local base 10000]"
+    capabilities = ModelReferenceAdapter.capabilities | {"interleaved_windows"}
+    model_limits: ClassVar[dict[str, Any]] = {"architectures": ["gemma3"], "window_pattern": 6,
+                                              "local_rope_base": 10000.0}
+
+
+def make_swa_pattern_6_model_adapter() -> SwaPattern6ModelAdapter:
+    return SwaPattern6ModelAdapter()

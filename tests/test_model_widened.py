@@ -5,10 +5,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
+from impl.model_conformance import ModelReferenceAdapter, make_gemma3_model_adapter, make_swa_pattern_6_model_adapter
+from kvcache_conformance.generate.models import model_configs, model_requirements
 from kvcache_conformance.oracle import (
     FLOAT64,
     MODEL_PRESETS,
@@ -24,6 +29,9 @@ from kvcache_conformance.oracle import (
     rounding_errors,
 )
 from kvcache_conformance.oracle.model import CellContext, Model, full_model
+from kvcache_conformance.protocol.declarations import declaration_problems
+from kvcache_conformance.protocol.kinds import declared
+from kvcache_conformance.protocol.model import ModelLimits, ModelPolicyError
 
 TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]
 SWITCHES = {"embedding_scale": True, "qk_norm": True, "post_norms": True, "activation": "gelu_tanh"}
@@ -228,3 +236,100 @@ def test_a_llama_configuration_draws_the_same_weights_from_the_same_seed(preset:
     for array in arrays:
         digest.update(array.tobytes())
     assert digest.hexdigest()[:16] == LLAMA_WEIGHTS[preset]
+
+
+# -- declarations and what the suite draws within them -----------------------------------------------------------
+
+def drawn(capabilities: frozenset[str], limits: Any, examples: int = 200) -> list[ModelConfig]:
+    seen: list[ModelConfig] = []
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True)
+    @given(model_configs(capabilities, limits))
+    def draw(config: ModelConfig) -> None:
+        seen.append(config)
+
+    draw()
+    return seen
+
+
+def test_interleaved_and_gemma3_models_are_drawn_where_declared() -> None:
+    adapter = make_gemma3_model_adapter()
+    capabilities, limits = declared(adapter.capabilities), ModelLimits.of(adapter)
+    configs = drawn(capabilities, limits)
+    assert all(limits.model_problem(c) is None and model_requirements(c) <= capabilities for c in configs)
+    met = Counter()
+    for c in configs:
+        met[c.architecture] += 1
+        met[c.window_pattern if not isinstance(c.window_pattern, tuple) else "tuple"] += 1
+        met["local base" if c.local_rope_base is not None else "no local base"] += 1
+        windows = {c.layer_window(i) for i in range(c.layers)}
+        if None in windows and len(windows) > 1:
+            met["a local and a global layer"] += 1
+            met[f"{c.architecture} with a local and a global layer"] += 1
+    wanted = {"llama", "gemma3", "all", 2, 3, "tuple", "local base", "no local base", "a local and a global layer",
+              "gemma3 with a local and a global layer", "llama with a local and a global layer"}
+    assert wanted <= set(met), met
+    assert all(c.rope_style == "half_split" for c in configs if c.architecture == "gemma3")
+
+
+def test_a_llama_only_adapter_is_handed_the_model_it_was() -> None:
+    """The default reference declares neither: every drawn model is a Llama with every layer alike."""
+    adapter = ModelReferenceAdapter()
+    configs = drawn(declared(adapter.capabilities), ModelLimits.of(adapter), 100)
+    assert all(c.architecture == "llama" and not c.interleaved and c.layers <= 2 for c in configs)
+    assert any(c.window is not None for c in configs)
+
+
+def test_llama_cpp_s_pattern_and_local_base_are_drawn_as_declared() -> None:
+    """window_pattern 6 and local_rope_base 10000 (llama.cpp's gemma3): every windowed model has six or seven
+    layers, the sixth global, and the local base 10000; gemma3 alone."""
+    adapter = make_swa_pattern_6_model_adapter()
+    configs = drawn(declared(adapter.capabilities), ModelLimits.of(adapter), 60)
+    windowed = [c for c in configs if c.window is not None]
+    assert windowed and all(c.architecture == "gemma3" for c in configs)
+    assert {c.layers for c in windowed} == {6, 7}
+    for c in windowed:
+        assert [c.layer_window(i) is None for i in range(c.layers)] == [i == 5 for i in range(c.layers)]
+        assert {c.layer_rope(i).base for i in range(5)} == {10000.0}
+    other = ModelLimits.of(adapter)
+    assert "window_pattern 6" in str(other.model_problem(gemma3_config(layers=6, window_pattern="all")))
+    assert "local_rope_base" in str(other.model_problem(gemma3_config(layers=6, window_pattern=6,
+                                                                       local_rope_base=100.0)))
+
+
+def test_a_widened_model_is_outside_a_llama_only_declaration() -> None:
+    """Replay gates on it: a trace of a gemma3 or an interleaved model is not applicable to a Llama-only adapter."""
+    assert "architecture gemma3" in str(ModelLimits().model_problem(MODEL_PRESETS["tiny-gemma3"]))
+    assert "architecture none" in str(ModelLimits().model_problem(ModelConfig(qk_norm=True)))
+    assert "interleaved_windows" in model_requirements(MODEL_PRESETS["tiny-interleaved"])
+    assert "interleaved_windows" not in model_requirements(MODEL_PRESETS["tiny-window3"])
+
+
+class Declaring:
+    def __init__(self, capabilities: set[str], **attributes: Any) -> None:
+        self.capabilities = frozenset(capabilities)
+        self.__dict__.update(attributes)
+
+
+@pytest.mark.parametrize("limits", [{"architectures": "gemma3"}, {"architectures": []}, {"architectures": ["gemma2"]},
+                                    {"window_pattern": 1}, {"window_pattern": True}, {"local_rope_base": 10000},
+                                    {"local_rope_base": -1.0}])
+def test_bad_architecture_limits_are_usage_errors(limits: dict[str, Any]) -> None:
+    with pytest.raises(ModelPolicyError):
+        ModelLimits.of(Declaring(set(), model_limits=limits))
+
+
+MODEL = {"whole_model", "rope_half_split", "rope_interleaved"}
+
+
+@pytest.mark.parametrize("capabilities, limits, problem", [
+    (MODEL | {"interleaved_windows"}, {}, "interleaved_windows without whole_model and sliding_window"),
+    ({"rope_interleaved", "interleaved_windows", "sliding_window"}, {}, "interleaved_windows without whole_model"),
+    (MODEL - {"rope_half_split"}, {"architectures": ["gemma3"]}, "gemma3 without rope_half_split"),
+    (MODEL | {"sliding_window"}, {"window_pattern": 6}, "without interleaved_windows"),
+])
+def test_contradicting_declarations_are_refused(capabilities: set[str], limits: dict[str, Any], problem: str) -> None:
+    problems = declaration_problems(Declaring(capabilities, model_limits=limits))
+    assert any(problem in p for p in problems), problems
+    assert not declaration_problems(make_gemma3_model_adapter())
+    assert not declaration_problems(make_swa_pattern_6_model_adapter())

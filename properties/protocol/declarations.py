@@ -233,6 +233,10 @@ def declaration_problems(adapter: Any) -> list[str]:
         problems.append(f"declares {within_window} without decode_session and sliding_window, which it is about")
     if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
         problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
+    if Capability.INTERLEAVED_WINDOWS.value in capabilities and not {
+            Capability.WHOLE_MODEL.value, Capability.SLIDING_WINDOW.value} <= capabilities:
+        problems.append("declares interleaved_windows without whole_model and sliding_window: it windows some of a "
+                        "model's layers")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
             Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
         problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")
@@ -252,4 +256,8 @@ def declaration_problems(adapter: Any) -> list[str]:
             read(adapter)
         except (TypeError, ValueError) as error:
             problems.append(str(error))
+    try:
+        problems += ModelLimits.of(adapter).capability_problems(capabilities)
+    except (TypeError, ValueError):
+        pass  # reported above
     return problems
