@@ -333,3 +333,19 @@ def test_contradicting_declarations_are_refused(capabilities: set[str], limits: 
     assert any(problem in p for p in problems), problems
     assert not declaration_problems(make_gemma3_model_adapter())
     assert not declaration_problems(make_swa_pattern_6_model_adapter())
+
+
+def test_a_widened_model_and_its_weights_survive_a_trace() -> None:
+    """Traces keep every field (a pattern of bools as a tuple); a trace from before the fields reads as a Llama."""
+    from kvcache_conformance.traces import codec
+
+    for config in (MODEL_PRESETS["tiny-gemma3"], ModelConfig(layers=2, window=2, window_pattern=(False, True))):
+        weights = random_model_weights(config, 3)
+        assert codec.decode(codec.encode(config)) == config
+        back = codec.decode(codec.encode(weights))
+        np.testing.assert_array_equal(back.layers[0].wq, weights.layers[0].wq)
+        assert (back.layers[0].q_norm is None) == (not config.qk_norm)
+    old = codec.encode(MODEL_PRESETS["tiny"])
+    for name in ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation"):
+        del old["$ModelConfig"][name]
+    assert codec.decode(old) == MODEL_PRESETS["tiny"]
