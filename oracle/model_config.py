@@ -26,6 +26,8 @@ ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu_tanh")  # the feed-forward'
 # The architectures an engine may run the model as (llama.cpp's arch names): ``llama`` every switch off, ``gemma3``
 # every switch on (embedding scale, q/k norms, post norms, gelu_tanh) with RoPE half_split (llama.cpp's NEOX).
 ARCHITECTURES = ("llama", "gemma3")
+GEMMA3_SWITCHES: dict[str, Any] = {"embedding_scale": True, "qk_norm": True, "post_norms": True,
+                                   "activation": "gelu_tanh"}
 WindowPattern = str | int | tuple[bool, ...]
 
 
@@ -147,10 +149,10 @@ class ModelConfig:
     def architecture(self) -> str | None:
         """The engine architecture this model is (``ARCHITECTURES``): ``llama`` with every Gemma switch off,
         ``gemma3`` with every one on and RoPE ``half_split``; None for another mix, which no engine runs."""
-        switches = (self.embedding_scale, self.qk_norm, self.post_norms, self.activation == "gelu_tanh")
-        if not any(switches):
+        switched = [getattr(self, name) == on for name, on in GEMMA3_SWITCHES.items()]
+        if not any(switched):
             return "llama"
-        if all(switches) and self.rope_style == "half_split":
+        if all(switched) and self.rope_style == "half_split":
             return "gemma3"
         return None
 
@@ -288,8 +290,7 @@ def gemma3_config(**fields: Any) -> ModelConfig:
     layer but each second (``window_pattern`` 2) with a local RoPE base of 10000 and a global one of 1e6; tied
     output, as Gemma's. ``fields`` override any of these (and the tiny shapes)."""
     gemma = {"rope_style": "half_split", "rope_base": 1e6, "local_rope_base": 10000.0, "window": 3,
-             "window_pattern": 2, "embedding_scale": True, "qk_norm": True, "post_norms": True,
-             "activation": "gelu_tanh", "tied_output": True, "norm_eps": 1e-6}
+             "window_pattern": 2, **GEMMA3_SWITCHES, "tied_output": True, "norm_eps": 1e-6}
     return ModelConfig(**{**gemma, **fields})
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from hypothesis import strategies as st
 
 from ..oracle import ContextConfig, ModelConfig
+from ..oracle.model_config import GEMMA3_SWITCHES
 from ..protocol.kinds import Capability
 from ..protocol.model import ModelLimits, ModelPolicy
 
@@ -95,9 +96,6 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     if architecture == "gemma3":
         widened |= GEMMA3_SWITCHES
     return dataclasses.replace(config, **widened) if widened else config
-
-
-GEMMA3_SWITCHES = {"embedding_scale": True, "qk_norm": True, "post_norms": True, "activation": "gelu_tanh"}
 
 
 def window_patterns(layers: int) -> st.SearchStrategy[str | int | tuple[bool, ...]]:
