@@ -70,8 +70,9 @@ DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_int
 # Declarations that cannot stand without another (the loader refuses them): removing one removes these too.
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
            "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"},
+           "sliding_window": {"interleaved_windows"},
            "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
-                           "multi_sequence_tokens"}}
+                           "multi_sequence_tokens", "interleaved_windows"}}
 
 
 class Declared:
