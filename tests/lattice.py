@@ -526,8 +526,9 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     # uniform windows claiming interleaved_windows: a global layer windowed, a local base ignored
     "model-uniform-windows-claims-interleaved": (lambda: Declared(
         "twin-uniform-windows", MODEL_ONLY | INTERLEAVED, UniformWindows(), layer_caches=False), "model", {}, ""),
-    # a GELU read from a float16 table (ggml's CPU kernel, which llama.cpp's gemma3 runs) claiming float32
-    # throughout: 15-30 x the rule's budget. No declaration states such a table yet (its honest variant is missing)
+    # a GELU read from a float16 table (ggml's CPU kernel, which llama.cpp's gemma3 runs) over a float16 cache,
+    # claiming a float32 GELU: up to 2.6 x the rule's budget (20 x over a float32 cache). No declaration states such
+    # a table yet (its honest variant is missing)
     "model-gelu-float16-table-claims-float32": (lambda: Declared(
         "twin-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, GeluFromAFloat16Table(), layer_caches=False,
         dtype="float32", kv_storage="float16", model_limits=GEMMA3), "model", {}, ""),
