@@ -108,9 +108,14 @@ class LlamaModel:
     """The weights (copied into ``dtype``, float64 by default) and the vectorised pieces of the forward, every
     operation in that dtype (as an engine computing in float32 does)."""
 
-    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None) -> None:
+    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None,
+                 activation_table: str | None = None) -> None:
         if dtype not in DTYPES or norm_dtype not in (None, *DTYPES):
             raise InvalidModelConfig(f"dtype and norm_dtype must be among {DTYPES}, got {dtype!r}, {norm_dtype!r}")
+        if activation_table not in (None, "float16"):
+            raise InvalidModelConfig(f"activation_table must be None or float16, got {activation_table!r}")
+        # the gate activation read from a table of this dtype: its argument and its value rounded to it (ggml's GELU)
+        self.activation_table = None if activation_table is None else np.dtype(activation_table)
         self.dtype = np.dtype(dtype)
         self.norm_dtype = None if norm_dtype is None else np.dtype(norm_dtype)  # RMSNorm's, if another
         shape = self.shape = ModelShape.of(config)
@@ -196,11 +201,15 @@ class LlamaModel:
         w = self.layers[layer]
         x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps, self.norm_dtype)
         gate = x @ w["w_gate"].T
+        if self.activation_table is not None:
+            gate = gate.astype(self.activation_table).astype(self.dtype)
         if self.shape.activation == "gelu_tanh":
             cubic = gate + self.dtype.type(0.044715) * gate * gate * gate
             activated = self.dtype.type(0.5) * gate * (1 + np.tanh(self.dtype.type(math.sqrt(2 / math.pi)) * cubic))
         else:
             activated = gate / (1 + np.exp(-gate))
+        if self.activation_table is not None:
+            activated = activated.astype(self.activation_table).astype(self.dtype)
         out: np.ndarray = (activated * (x @ w["w_up"].T)) @ w["w_down"].T
         if "post_ffn_norm" in w:
             out = _rms_norm(out, w["post_ffn_norm"], self.shape.norm_eps, self.norm_dtype)

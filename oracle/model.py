@@ -103,9 +103,17 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Any, NumberSystem], Any]] = {"silu": s
 
 
 def gated_feed_forward(x: Vector, layer: _Layer, activation: str, numbers: NumberSystem) -> Vector:
-    """The feed-forward ``down(act(gate x) * up x)``: SwiGLU with ``silu``, GeGLU with ``gelu_tanh``."""
+    """The feed-forward ``down(act(gate x) * up x)``: SwiGLU with ``silu``, GeGLU with ``gelu_tanh``. With an
+    ``"activation"`` component (an activation read from a table of that dtype, as ggml's CPU GELU reads a float16
+    one), each gate value is rounded to the component's dtype, activated, and the result rounded to it again."""
     act = ACTIVATION_FUNCTIONS[activation]
+    table = numbers.component("activation")
     gate, up = matvec(layer.w_gate, x), matvec(layer.w_up, x)  # [F], [F]
+    if table is not numbers:
+        def through(value: Any) -> Any:
+            return numbers.number(float(table.number(numbers.to_float(value))))
+
+        return matvec(layer.w_down, [through(act(through(g), numbers)) * u for g, u in zip(gate, up)])
     return matvec(layer.w_down, [act(g, numbers) * u for g, u in zip(gate, up)])  # [D]
 
 

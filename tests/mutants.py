@@ -900,6 +900,12 @@ WIDENED_MODEL_MUTANTS = (
            (('            k = _rms_norm(k, w["k_norm"], s.norm_eps, self.norm_dtype)\n', ""),),
            "Gemma's q/k norms: normalises the queries but not the keys",
            "model", factory="model_conformance:make_gemma3_model_adapter"),
+    Mutant("model_activation_table_in_bfloat16", "model.py",
+           (("self.activation_table = None if activation_table is None else np.dtype(activation_table)",
+             'self.activation_table = None if activation_table is None else np.dtype(__import__("ml_dtypes").bfloat16)'
+             ),),
+           "declares its gate activation read from a float16 table, but reads it from a bfloat16 one",
+           "model", factory="model_conformance:make_gelu_table_model_adapter"),
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS + WIDENED_MODEL_MUTANTS
 

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from impl.model_conformance import ModelReferenceAdapter, make_gemma3_model_adapter, make_swa_pattern_6_model_adapter
+from impl.model_conformance import (
+    ModelReferenceAdapter,
+    make_gelu_table_model_adapter,
+    make_gemma3_model_adapter,
+    make_swa_pattern_6_model_adapter,
+)
 from kvcache_conformance.generate.models import model_configs, model_requirements
+from kvcache_conformance.judge.tolerance import Judge
 from kvcache_conformance.oracle import (
     FLOAT64,
     MODEL_PRESETS,
@@ -28,10 +34,11 @@ from kvcache_conformance.oracle import (
     random_model_weights,
     rounding_errors,
 )
-from kvcache_conformance.oracle.model import CellContext, Model, full_model
+from kvcache_conformance.oracle.model import CellContext, Model, full_model, kv_storage_of
+from kvcache_conformance.oracle.numbers import with_activation_table
 from kvcache_conformance.protocol.declarations import declaration_problems
 from kvcache_conformance.protocol.kinds import declared
-from kvcache_conformance.protocol.model import ModelLimits, ModelPolicyError
+from kvcache_conformance.protocol.model import ModelLimits, ModelPolicyError, declared_activation_table
 
 TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]
 SWITCHES = {"embedding_scale": True, "qk_norm": True, "post_norms": True, "activation": "gelu_tanh"}
@@ -349,3 +356,61 @@ def test_a_widened_model_and_its_weights_survive_a_trace() -> None:
     for name in ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation"):
         del old["$ModelConfig"][name]
     assert codec.decode(old) == MODEL_PRESETS["tiny"]
+
+
+# -- a gate activation read from a table (docs/spec.md §15.6) ----------------------------------------------------
+
+def test_the_table_rounds_the_gate_s_argument_and_value_to_float16() -> None:
+    """The oracle with a float16 activation table is the float64 model whose gate values and activations are
+    rounded to float16, written here by hand for one token at position 0 (it sees only itself)."""
+    config = dataclasses.replace(MODEL_PRESETS["tiny-gemma3"], layers=1)
+    weights = random_model_weights(config, 5)
+    layer, eps = weights.layers[0], config.norm_eps
+    h = weights.embedding[3] * math.sqrt(config.model_width)
+    v = layer.wv @ rms(h, layer.attention_norm, eps)
+    merged = np.concatenate([v[(q // config.group_size) * 4:(q // config.group_size + 1) * 4]
+                             for q in range(config.heads)])
+    h = h + rms(layer.wo @ merged, layer.post_attention_norm, eps)
+    x = rms(h, layer.ffn_norm, eps)
+    g = (layer.w_gate @ x).astype(np.float16).astype(np.float64)
+    act = (0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))).astype(np.float16)
+    h = h + rms(layer.w_down @ (act.astype(np.float64) * (layer.w_up @ x)), layer.post_ffn_norm, eps)
+    expected = weights.embedding @ rms(h, weights.output_norm, eps)
+    tabled = full_model([3], config, weights, numbers=with_activation_table(FLOAT64, "float16"))
+    np.testing.assert_allclose(tabled[0], expected, rtol=0, atol=1e-12)
+    assert np.abs(tabled - full_model([3], config, weights)).max() > 1e-6
+
+
+def table_ratio(adapter: Any, kv: str, seed: int) -> float:
+    config = dataclasses.replace(MODEL_PRESETS["tiny-gemma3"], heads=4, kv_heads=2, ffn_width=8)
+    weights = random_model_weights(config, seed)
+    exact = full_model(TOKENS, config, weights)
+    adapter.kv_storage = kv
+    judge = Judge.for_model(adapter, FLOAT64)
+    naive = full_model(TOKENS, config, weights, numbers=judge.naive, kv_storage=None if judge.storage is None
+                       else kv_storage_of(judge.storage, judge.naive))
+    context = adapter.create_context(adapter.create_model(config, weights), ContextConfig(16, 1))
+    got = adapter.decode_batch(context, ModelBatch.of_sequence(0, TOKENS, 0))
+    return float(np.abs(got - exact).max() / judge.tolerance(exact, naive))
+
+
+@pytest.mark.parametrize("kv", ["float16", "float32"])
+def test_a_declared_table_is_judged_through_it_and_an_undeclared_one_fails(kv: str) -> None:
+    declared_ratios = [table_ratio(make_gelu_table_model_adapter(), kv, seed) for seed in range(6)]
+    assert max(declared_ratios) < 1.0, declared_ratios
+    undeclared = make_gelu_table_model_adapter()
+    undeclared.activation_table = None  # the same engine, its table undeclared
+    engine = make_gelu_table_model_adapter()
+    undeclared.create_model = engine.create_model  # still computes through it
+    ratios = [table_ratio(undeclared, kv, seed) for seed in range(6)]
+    if kv == "float32":  # over a float16 cache the machine finds the excess (the lattice's twin); here, at once
+        assert max(ratios) > 1.0, ratios
+
+
+@pytest.mark.parametrize("dtype, table", [("float64", "float16"), ("float16", "float16"), ("float32", "bfloat16"),
+                                          ("float32", True)])
+def test_an_activation_table_is_declared_by_a_float32_model_of_float16_only(dtype: str, table: Any) -> None:
+    with pytest.raises(ValueError, match="activation_table"):
+        declared_activation_table(Declaring(set(), dtype=dtype, activation_table=table))
+    assert declared_activation_table(make_gelu_table_model_adapter()) == "float16"
+    assert declared_activation_table(ModelReferenceAdapter()) is None

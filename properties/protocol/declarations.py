@@ -20,7 +20,14 @@ from typing import Any
 
 from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
 from .kinds import LAYER_CONVENTIONS, Capability, declared
-from .model import MODEL_METHODS, SEQUENCE_OPERATIONS, ModelLimits, ModelPolicy, declared_kv_storage
+from .model import (
+    MODEL_METHODS,
+    SEQUENCE_OPERATIONS,
+    ModelLimits,
+    ModelPolicy,
+    declared_activation_table,
+    declared_kv_storage,
+)
 
 # The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
 METHODS_OF = {
@@ -251,7 +258,7 @@ def declaration_problems(adapter: Any) -> list[str]:
         if "norm" in (getattr(adapter, "mixed_precision", None) or {}):
             problems.append("declares mixed_precision 'norm' without whole_model: only a whole model has RMSNorms")
         return problems
-    for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage):
+    for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage, declared_activation_table):
         try:
             read(adapter)
         except (TypeError, ValueError) as error:

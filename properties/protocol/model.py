@@ -46,6 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..oracle.model_config import ARCHITECTURES, ContextConfig, LayerWeights, ModelBatch, ModelConfig, ModelWeights
+from ..oracle.numbers import ACTIVATION_TABLES
 from ..oracle.storage import StorageFormat
 
 # The method each sequence operation adds (besides those of whole_model itself).
@@ -375,6 +376,20 @@ def _declared_kv(adapter: Any) -> tuple[str, StorageFormat | None]:
     return storage, rule
 
 
+def declared_activation_table(adapter: Any) -> str | None:
+    """The adapter's ``activation_table`` (None: its gate activation computed in its dtype): the dtype of the table
+    its gate activation is read from (``"float16"``: ggml's CPU GELU), for a ``float32`` model only."""
+    table = getattr(adapter, "activation_table", None)
+    if table is None:
+        return None
+    if table not in ACTIVATION_TABLES:
+        raise ValueError(f"activation_table must be one of {ACTIVATION_TABLES}, got {table!r}")
+    if str(getattr(adapter, "dtype", "float64")) != "float32":
+        raise ValueError(f"activation_table {table!r} is declared by a float32 model only; this one declares dtype "
+                         f"{getattr(adapter, 'dtype', 'float64')!r}")
+    return str(table)
+
+
 def model_methods(capabilities: frozenset[str]) -> list[str]:
     """The model methods an adapter declaring ``capabilities`` (spelled out) must have, in a stable order."""
     if "whole_model" not in capabilities:
@@ -458,8 +473,30 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["ARCHITECTURE_LIMITS",
-           "CAPACITIES", "CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS",
-           "REMOVALS", "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch",
-           "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along",
-           "declared_kv_format", "declared_kv_storage", "described_kv_storage", "model_methods"]
+__all__ = [
+    "ARCHITECTURE_LIMITS",
+    "CAPACITIES",
+    "CONTEXT_KINDS",
+    "COPIES",
+    "KV_STORAGES",
+    "MODEL_METHODS",
+    "NEGATIVE_SHIFTS",
+    "POSITIONS",
+    "REMOVALS",
+    "SEQUENCE_OPERATIONS",
+    "ContextConfig",
+    "LayerWeights",
+    "ModelAdapter",
+    "ModelBatch",
+    "ModelConfig",
+    "ModelLimits",
+    "ModelPolicy",
+    "ModelPolicyError",
+    "ModelWeights",
+    "declared_activation_table",
+    "declared_kv_along",
+    "declared_kv_format",
+    "declared_kv_storage",
+    "described_kv_storage",
+    "model_methods",
+]
