@@ -414,3 +414,5 @@ def test_an_activation_table_is_declared_by_a_float32_model_of_float16_only(dtyp
         declared_activation_table(Declaring(set(), dtype=dtype, activation_table=table))
     assert declared_activation_table(make_gelu_table_model_adapter()) == "float16"
     assert declared_activation_table(ModelReferenceAdapter()) is None
+    assert any("activation_table without whole_model" in p for p in declaration_problems(
+        Declaring({"rope_interleaved"}, dtype="float32", activation_table="float16")))

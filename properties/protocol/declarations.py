@@ -257,6 +257,9 @@ def declaration_problems(adapter: Any) -> list[str]:
             problems.append(f"declares {', '.join(operations)} without whole_model, the contexts they work on")
         if "norm" in (getattr(adapter, "mixed_precision", None) or {}):
             problems.append("declares mixed_precision 'norm' without whole_model: only a whole model has RMSNorms")
+        if getattr(adapter, "activation_table", None) is not None:
+            problems.append("declares activation_table without whole_model: only a whole model has a gated "
+                            "feed-forward")
         return problems
     for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage, declared_activation_table):
         try:
