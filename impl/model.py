@@ -1,4 +1,5 @@
-"""The reference whole model: a Llama-family decoder over a context of cells, vectorised (docs/spec.md §15).
+"""The reference whole model: a Llama-family decoder over a context of cells, vectorised (docs/spec.md §15);
+with per-layer windows and RoPE bases, and Gemma 3's switches where the configuration sets them.
 
 Written apart from the oracle, and closer to how engines store it (llama.cpp's ``llama_kv_cache``): a
 context preallocates, per store (one if unified, else one per sequence), ``[layers, cells, KV, dh]`` keys
@@ -12,7 +13,7 @@ that raises changes nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from .storage import BLOCK_FORMATS, StorageRule, stored_in_blocks
 
 COPY_POLICIES = ("merge", "replace", "whole_only")
 _LAYER_ARRAYS = ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+_QK_NORMS, _POST_NORMS = ("q_norm", "k_norm"), ("post_attention_norm", "post_ffn_norm")
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 def _is_int(value: object) -> bool:
@@ -57,13 +60,45 @@ class ModelShape:
     tied_output: bool
     window: int | None
     max_positions: int
+    # read where present (a Llama's configuration may lack them): which layers the window applies to ("all", every
+    # k-th layer global, or one bool per layer), the windowed layers' RoPE base, and Gemma 3's switches
+    window_pattern: Any = "all"
+    local_rope_base: float | None = None
+    embedding_scale: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    activation: str = "silu"
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
+        fields = cls.__dataclass_fields__
         try:
-            return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+            given = {name: getattr(config, name) for name, field in fields.items()
+                     if field.default is MISSING or hasattr(config, name)}
         except AttributeError as error:
             raise InvalidModelConfig(f"the configuration lacks {error.name!r}") from None
+        shape = cls(**given)
+        shape.windows()  # checks the pattern
+        if shape.activation not in ACTIVATIONS:
+            raise InvalidModelConfig(f"activation must be one of {ACTIVATIONS}, got {shape.activation!r}")
+        if shape.local_rope_base is not None and shape.window is None:
+            raise InvalidModelConfig("a local RoPE base without a window")
+        return shape
+
+    def windows(self) -> list[int | None]:
+        """Each layer's window: None where it is global."""
+        pattern, layers = self.window_pattern, self.layers
+        if self.window is None:
+            if pattern != "all":
+                raise InvalidModelConfig(f"a window pattern {pattern!r} without a window")
+            return [None] * layers
+        if isinstance(pattern, str) and pattern == "all":
+            return [self.window] * layers
+        if isinstance(pattern, tuple) and len(pattern) == layers and all(isinstance(b, bool) for b in pattern):
+            return [self.window if windowed else None for windowed in pattern]
+        if _is_int(pattern) and int(pattern) >= 2:
+            return [None if (i + 1) % int(pattern) == 0 else self.window for i in range(layers)]
+        raise InvalidModelConfig(f"window pattern must be 'all', an int >= 2 or one bool per layer, got {pattern!r}")
 
 
 DTYPES = ("float64", "float32", "float16")
@@ -73,9 +108,14 @@ class LlamaModel:
     """The weights (copied into ``dtype``, float64 by default) and the vectorised pieces of the forward, every
     operation in that dtype (as an engine computing in float32 does)."""
 
-    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None) -> None:
+    def __init__(self, config: Any, weights: Any, *, dtype: str = "float64", norm_dtype: str | None = None,
+                 activation_table: str | None = None) -> None:
         if dtype not in DTYPES or norm_dtype not in (None, *DTYPES):
             raise InvalidModelConfig(f"dtype and norm_dtype must be among {DTYPES}, got {dtype!r}, {norm_dtype!r}")
+        if activation_table not in (None, "float16"):
+            raise InvalidModelConfig(f"activation_table must be None or float16, got {activation_table!r}")
+        # the gate activation read from a table of this dtype: its argument and its value rounded to it (ggml's GELU)
+        self.activation_table = None if activation_table is None else np.dtype(activation_table)
         self.dtype = np.dtype(dtype)
         self.norm_dtype = None if norm_dtype is None else np.dtype(norm_dtype)  # RMSNorm's, if another
         shape = self.shape = ModelShape.of(config)
@@ -93,10 +133,22 @@ class LlamaModel:
                                                                                 "output")
         if len(weights.layers) != shape.layers:
             raise InvalidModelConfig(f"{len(weights.layers)} layers of weights for {shape.layers} layers")
-        self.layers = [{name: self._array(getattr(layer, name), expected[name], name) for name in _LAYER_ARRAYS}
-                       for layer in weights.layers]
+        optional = [*(_QK_NORMS if shape.qk_norm else ()), *(_POST_NORMS if shape.post_norms else ())]
+        expected |= {"q_norm": (dh,), "k_norm": (dh,), "post_attention_norm": (d,), "post_ffn_norm": (d,)}
+        for layer in weights.layers:
+            for name in (*_QK_NORMS, *_POST_NORMS):
+                if (getattr(layer, name, None) is None) == (name in optional):
+                    raise InvalidModelConfig(f"{name} must be given exactly when its switch is on")
+        self.layers = [{name: self._array(getattr(layer, name), expected[name], name)
+                        for name in (*_LAYER_ARRAYS, *optional)} for layer in weights.layers]
+        self.windows = shape.windows()
         self.rope = RopeConfig(shape.rope_style, float(shape.rope_base), dh, shape.max_positions)
-        self.inverse_frequency = float(shape.rope_base) ** (-np.arange(0, dh, 2, dtype=np.float64) / dh)  # [dh/2]
+        local = shape.rope_base if shape.local_rope_base is None else shape.local_rope_base
+        RopeConfig(shape.rope_style, local, dh, shape.max_positions)  # checks the local base as the global one
+        # each layer's RoPE frequencies [dh/2]: the local base's in a windowed layer
+        self.inverse_frequencies = [float(local if window is not None else shape.rope_base)
+                                    ** (-np.arange(0, dh, 2, dtype=np.float64) / dh) for window in self.windows]
+        self.embedding_scale = self.dtype.type(math.sqrt(d)) if shape.embedding_scale else None
 
     def _array(self, value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
         array = np.array(value, dtype=np.float64)
@@ -104,20 +156,30 @@ class LlamaModel:
             raise InvalidModelConfig(f"{name} must be finite of shape {shape}, got {array.shape}")
         return array.astype(self.dtype)
 
-    def rotate(self, x: np.ndarray, turns: np.ndarray) -> np.ndarray:
-        """Rotate ``x [n, heads, dh]`` by ``turns [n]`` positions (a position, or a change of one)."""
-        theta = np.multiply.outer(np.asarray(turns, dtype=np.float64), self.inverse_frequency)[:, None, :]
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """The first hidden states ``[n, D]``: embedding rows (times ``sqrt(D)`` with the embedding scale)."""
+        rows: np.ndarray = self.embedding[tokens]
+        return rows if self.embedding_scale is None else rows * self.embedding_scale
+
+    def rotate(self, layer: int, x: np.ndarray, turns: np.ndarray) -> np.ndarray:
+        """Rotate ``x [n, heads, dh]`` by ``turns [n]`` positions (a position, or a change of one) with layer
+        ``layer``'s frequencies."""
+        theta = np.multiply.outer(np.asarray(turns, dtype=np.float64), self.inverse_frequencies[layer])[:, None, :]
         return self.rope.rotate_with(x, (np.cos(theta).astype(self.dtype), np.sin(theta).astype(self.dtype)))
 
     def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]``."""
+        """Rotated queries ``[n, H, dh]``, rotated keys and values ``[n, KV, dh]`` of ``hidden [n, D]`` (queries and
+        keys RMSNormed per head first, with ``qk_norm``)."""
         s, w = self.shape, self.layers[layer]
         x = _rms_norm(hidden, w["attention_norm"], s.norm_eps, self.norm_dtype)
         n = len(hidden)
         q = (x @ w["wq"].T).reshape(n, s.heads, s.head_width)
         k = (x @ w["wk"].T).reshape(n, s.kv_heads, s.head_width)
         v = (x @ w["wv"].T).reshape(n, s.kv_heads, s.head_width)
-        return self.rotate(q, positions), self.rotate(k, positions), v
+        if "q_norm" in w:
+            q = _rms_norm(q, w["q_norm"], s.norm_eps, self.norm_dtype)
+            k = _rms_norm(k, w["k_norm"], s.norm_eps, self.norm_dtype)
+        return self.rotate(layer, q, positions), self.rotate(layer, k, positions), v
 
     def attention(self, layer: int, q: np.ndarray, keys: np.ndarray, values: np.ndarray,
                   visible: np.ndarray) -> np.ndarray:
@@ -131,14 +193,28 @@ class LlamaModel:
         weights /= weights.sum(axis=-1, keepdims=True)
         merged = np.einsum("mhj,jhd->mhd", weights, values_h).reshape(len(q), s.heads * s.head_width)
         out: np.ndarray = merged @ self.layers[layer]["wo"].T
-        return out
+        post = self.layers[layer].get("post_attention_norm")
+        return out if post is None else _rms_norm(out, post, s.norm_eps, self.norm_dtype)
 
     def feed_forward(self, layer: int, hidden: np.ndarray) -> np.ndarray:
+        """``hidden`` plus the gated feed-forward of its norm (silu or GELU's tanh form; post-normed if switched)."""
         w = self.layers[layer]
         x = _rms_norm(hidden, w["ffn_norm"], self.shape.norm_eps, self.norm_dtype)
         gate = x @ w["w_gate"].T
-        out: np.ndarray = hidden + (gate / (1 + np.exp(-gate)) * (x @ w["w_up"].T)) @ w["w_down"].T
-        return out
+        if self.activation_table is not None:
+            gate = gate.astype(self.activation_table).astype(self.dtype)
+        if self.shape.activation == "gelu_tanh":
+            cubic = gate + self.dtype.type(0.044715) * gate * gate * gate
+            activated = self.dtype.type(0.5) * gate * (1 + np.tanh(self.dtype.type(math.sqrt(2 / math.pi)) * cubic))
+        else:
+            activated = gate / (1 + np.exp(-gate))
+        if self.activation_table is not None:
+            activated = activated.astype(self.activation_table).astype(self.dtype)
+        out: np.ndarray = (activated * (x @ w["w_up"].T)) @ w["w_down"].T
+        if "post_ffn_norm" in w:
+            out = _rms_norm(out, w["post_ffn_norm"], self.shape.norm_eps, self.norm_dtype)
+        result: np.ndarray = hidden + out
+        return result
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         out: np.ndarray = _rms_norm(hidden, self.output_norm, self.shape.norm_eps, self.norm_dtype) @ self.output.T
@@ -284,7 +360,7 @@ class ModelContext:
                 raise ContextFull(len(mine), len(free), "decoding the batch")
             slots[mine] = free[:len(mine)]
         model, s = self.model, self.model.shape
-        hidden = model.embedding[tokens]  # [n, D]
+        hidden = model.embed(tokens)  # [n, D]
         new_keys = np.empty((s.layers, len(tokens), s.kv_heads, s.head_width), dtype=self.kv_dtype)
         new_values = np.empty_like(new_keys)
         for layer in range(s.layers):
@@ -300,8 +376,9 @@ class ModelContext:
                 held = ~(named[mine][:, None, :] & ~self.members[stream][None, :, :]).any(axis=2)  # [m, C]
                 batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]
                 visible = np.concatenate([held, batch], axis=1) & (cell_positions[None, :] <= positions[mine, None])
-                if s.window is not None:
-                    visible &= positions[mine, None] - cell_positions[None, :] < s.window
+                window = model.windows[layer]  # this layer's (None: a global layer)
+                if window is not None:
+                    visible &= positions[mine, None] - cell_positions[None, :] < window
                 attended[mine] = model.attention(layer, q[mine], keys, values, visible)
             hidden = model.feed_forward(layer, hidden + attended)
         result = model.logits(hidden[wanted])
@@ -462,7 +539,7 @@ class ModelContext:
         moved = new_positions[picked] - self.positions[stream, picked]
         for layer in range(self.model.shape.layers):  # read back, re-rotated in the model's dtype, stored again
             held = self.keys[stream, layer, picked].astype(self.model.dtype)
-            self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(held, moved))
+            self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(layer, held, moved))
         self.positions[stream, picked] = new_positions[picked]
         gone = picked[new_positions[picked] < 0]
         self.members[stream, gone] = False

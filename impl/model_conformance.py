@@ -145,7 +145,7 @@ class LowPrecisionModelAdapter(ModelReferenceAdapter):
         self.kv_storage: str | dict[str, str] = {"format": kv_storage, "along": "row"} if along_row else kv_storage
         self.name = f"{ModelReferenceAdapter.name}[{dtype}, kv {kv_storage}{' along the kv row' if along_row else ''}]"
         if kv_storage in BLOCK_FORMATS:  # a head row, or a token's whole kv row, is whole blocks of 32
-            self.model_limits = {"kv_width_multiple" if along_row else "head_width_multiple": 32}
+            self.model_limits: dict[str, Any] = {"kv_width_multiple" if along_row else "head_width_multiple": 32}
 
 
 def make_q8_0_row_model_adapter() -> LowPrecisionModelAdapter:
@@ -286,3 +286,52 @@ class Float32NormModelAdapter(ModelReferenceAdapter):
 
 def make_float32_norm_model_adapter() -> Float32NormModelAdapter:
     return Float32NormModelAdapter()
+
+
+class Gemma3ModelAdapter(ModelReferenceAdapter):
+    """The reference claiming what it computes past a Llama (docs/spec.md §15.1): per-layer window patterns and a
+    local RoPE base (``interleaved_windows``), and Gemma 3's architecture beside Llama's (``model_limits``
+    ``architectures``)."""
+
+    name = f"{ModelReferenceAdapter.name}[interleaved windows, gemma3]"
+    capabilities = ModelReferenceAdapter.capabilities | {"interleaved_windows"}
+    model_limits: ClassVar[dict[str, Any]] = {"architectures": ["llama", "gemma3"]}
+
+
+def make_gemma3_model_adapter() -> Gemma3ModelAdapter:
+    return Gemma3ModelAdapter()
+
+
+class SwaPattern6ModelAdapter(Gemma3ModelAdapter):
+    """The reference declaring what llama.cpp's ``gemma3`` builds: every sixth layer global, the windowed layers'
+    RoPE base 10000, the Gemma architecture alone; the suite then draws models of six and seven layers."""
+
+    name = f"{ModelReferenceAdapter.name}[gemma3, window pattern 6, local base 10000]"
+    capabilities = ModelReferenceAdapter.capabilities | {"interleaved_windows"}
+    model_limits: ClassVar[dict[str, Any]] = {"architectures": ["gemma3"], "window_pattern": 6,
+                                              "local_rope_base": 10000.0}
+
+
+def make_swa_pattern_6_model_adapter() -> SwaPattern6ModelAdapter:
+    return SwaPattern6ModelAdapter()
+
+
+class GeluTableModelAdapter(LowPrecisionModelAdapter):
+    """Float32 over a float16 cache, its gate activation read from a float16 table (the argument and the value
+    rounded to float16): ggml's CPU GELU (``GGML_GELU_FP16``), which llama.cpp's ``gemma3`` runs; it declares
+    ``activation_table = "float16"`` (docs/spec.md §15.6) beside ``interleaved_windows`` and gemma3."""
+
+    capabilities = LowPrecisionModelAdapter.capabilities | {"interleaved_windows"}
+    activation_table: str | None = "float16"
+
+    def __init__(self) -> None:
+        super().__init__("float32", "float16")
+        self.name = f"{self.name}[activation from a float16 table]"
+        self.model_limits = {"architectures": ["llama", "gemma3"]}
+
+    def create_model(self, config: Any, weights: Any) -> LlamaModel:
+        return LlamaModel(config, weights, dtype=self.dtype, activation_table=self.activation_table)
+
+
+def make_gelu_table_model_adapter() -> GeluTableModelAdapter:
+    return GeluTableModelAdapter()

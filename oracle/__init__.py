@@ -17,12 +17,14 @@ from .decoder import (
     sinusoid,
 )
 from .model_config import (
+    ARCHITECTURES,
     MODEL_PRESETS,
     ContextConfig,
     LayerWeights,
     ModelBatch,
     ModelConfig,
     ModelWeights,
+    gemma3_config,
     random_model_weights,
 )
 from .numbers import (
@@ -39,6 +41,7 @@ from .storage import AFFINE_FORMATS, FLOAT_FORMATS, INTEGER_FORMATS, StorageForm
 
 __all__ = [
     "AFFINE_FORMATS",
+    "ARCHITECTURES",
     "COMPONENTS",
     "FLOAT64",
     "FLOAT_FORMATS",
@@ -67,6 +70,7 @@ __all__ = [
     "causal_attention",
     "full_decoder",
     "full_prefix_attention",
+    "gemma3_config",
     "greedy_generate",
     "mixed_precision",
     "mpmath_precision",

@@ -1,9 +1,11 @@
-"""A whole Llama-family model over per-sequence cells, written to be obviously correct (docs/spec.md §15).
+"""A whole Llama-family (or Gemma-3-style) model over per-sequence cells, written to be obviously correct
+(docs/spec.md §15).
 
 Two parts, read top-down:
 
 1. The model (llama2.c's ``run.c`` order): a token's hidden state starts as its embedding row; each
-   layer adds attention over the cells its sequence sees, then a SwiGLU feed-forward; a final RMSNorm
+   layer adds attention over the cells its sequence sees (through its own window and RoPE base), then a gated
+   feed-forward (SwiGLU, or GeGLU with Gemma's switches); a final RMSNorm
    and the output head (or the tied embedding) give the logits. Explicit loops over scalars of one
    ``NumberSystem``, so the same code runs in float64 and in mpmath.
 2. The cell model (``CellContext``): what a context holds and what each sequence operation does to it,
@@ -18,6 +20,7 @@ anything, so the machine learns what is due from the oracle itself.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,10 +89,32 @@ def silu(x: Any, numbers: NumberSystem) -> Any:
     return x / (1 + numbers.exp(-x))
 
 
-def swiglu(x: Vector, layer: _Layer, numbers: NumberSystem) -> Vector:
-    """The feed-forward ``down(silu(gate x) * up x)``."""
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation's constant, as a float64
+GELU_CUBIC = 0.044715
+
+
+def gelu_tanh(x: Any, numbers: NumberSystem) -> Any:
+    """GELU's tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (Gemma's gate)."""
+    inner = numbers.number(SQRT_2_OVER_PI) * (x + numbers.number(GELU_CUBIC) * (x * x * x))
+    return numbers.number(0.5) * x * (1 + numbers.tanh(inner))
+
+
+ACTIVATION_FUNCTIONS: dict[str, Callable[[Any, NumberSystem], Any]] = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def gated_feed_forward(x: Vector, layer: _Layer, activation: str, numbers: NumberSystem) -> Vector:
+    """The feed-forward ``down(act(gate x) * up x)``: SwiGLU with ``silu``, GeGLU with ``gelu_tanh``. With an
+    ``"activation"`` component (an activation read from a table of that dtype, as ggml's CPU GELU reads a float16
+    one), each gate value is rounded to the component's dtype, activated, and the result rounded to it again."""
+    act = ACTIVATION_FUNCTIONS[activation]
+    table = numbers.component("activation")
     gate, up = matvec(layer.w_gate, x), matvec(layer.w_up, x)  # [F], [F]
-    return matvec(layer.w_down, [silu(g, numbers) * u for g, u in zip(gate, up)])  # [D]
+    if table is not numbers:
+        def through(value: Any) -> Any:
+            return numbers.number(float(table.number(numbers.to_float(value))))
+
+        return matvec(layer.w_down, [through(act(through(g), numbers)) * u for g, u in zip(gate, up)])
+    return matvec(layer.w_down, [act(g, numbers) * u for g, u in zip(gate, up)])  # [D]
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +130,10 @@ class _Layer:
     w_gate: Matrix
     w_up: Matrix
     w_down: Matrix
+    q_norm: Vector | None = None  # the switched-on norms (docs/spec.md §15.1), None where off
+    k_norm: Vector | None = None
+    post_attention_norm: Vector | None = None
+    post_ffn_norm: Vector | None = None
 
 
 class Model:
@@ -121,49 +150,81 @@ class Model:
         def matrix(array: np.ndarray) -> Matrix:
             return [vector(row) for row in array]
 
+        def optional(array: np.ndarray | None) -> Vector | None:
+            return None if array is None else vector(array)
+
         self.embedding = matrix(weights.embedding)  # [V][D]
         self.layers = [_Layer(attention_norm=vector(layer.attention_norm), wq=matrix(layer.wq), wk=matrix(layer.wk),
                               wv=matrix(layer.wv), wo=matrix(layer.wo), ffn_norm=vector(layer.ffn_norm),
-                              w_gate=matrix(layer.w_gate), w_up=matrix(layer.w_up), w_down=matrix(layer.w_down))
+                              w_gate=matrix(layer.w_gate), w_up=matrix(layer.w_up), w_down=matrix(layer.w_down),
+                              q_norm=optional(layer.q_norm), k_norm=optional(layer.k_norm),
+                              post_attention_norm=optional(layer.post_attention_norm),
+                              post_ffn_norm=optional(layer.post_ffn_norm))
                        for layer in weights.layers]
         self.output_norm = vector(weights.output_norm)  # [D]
         self.output = matrix(weights.embedding if weights.output is None else weights.output)  # [V][D]; tied: E
 
+    def embed(self, token: int) -> Vector:
+        """The token's first hidden state ``[D]``: its embedding row, times ``sqrt(D)`` with ``embedding_scale``."""
+        row = list(self.embedding[token])
+        if not self.config.embedding_scale:
+            return row
+        scale = self.numbers.sqrt(self.numbers.number(float(self.config.model_width)))
+        return [v * scale for v in row]
+
     def project_kv(self, layer: int, hidden: Vector) -> tuple[Vector, Vector, Vector]:
-        """The layer's normed input's query ``[H*dh]``, key ``[KV*dh]`` (unrotated) and value ``[KV*dh]``."""
-        weights = self.layers[layer]
-        x = rms_norm(hidden, weights.attention_norm, self.config.norm_eps, self.numbers)
-        return matvec(weights.wq, x), matvec(weights.wk, x), matvec(weights.wv, x)
+        """The layer's normed input's query ``[H*dh]``, key ``[KV*dh]`` (unrotated) and value ``[KV*dh]``; with
+        ``qk_norm`` each head's query and key RMSNormed (the cell keeps the normed key, before rotation)."""
+        weights, config = self.layers[layer], self.config
+        x = rms_norm(hidden, weights.attention_norm, config.norm_eps, self.numbers)
+        query, key, value = matvec(weights.wq, x), matvec(weights.wk, x), matvec(weights.wv, x)
+        if weights.q_norm is not None and weights.k_norm is not None:
+            query = self._per_head_norm(query, weights.q_norm)
+            key = self._per_head_norm(key, weights.k_norm)
+        return query, key, value
+
+    def _per_head_norm(self, row: Vector, weight: Vector) -> Vector:
+        dh = self.config.head_width
+        return [v for h in range(len(row) // dh)
+                for v in rms_norm(_head(row, h, dh), weight, self.config.norm_eps, self.numbers)]
 
     def attend(self, layer: int, query: Vector, position: int, seen: Sequence[Cell]) -> Vector:
         """Attention output ``[D]`` (after ``wo``) of an unrotated ``query`` at ``position`` over ``seen``.
 
         Query head ``h`` reads kv head ``g = h // (H/KV)``; both sides are rotated at their own (current)
-        positions; scores are ``q . k / sqrt(dh)``.
+        positions, by the layer's RoPE (its own base in a windowed layer, ``layer_rope``); scores are
+        ``q . k / sqrt(dh)``. With ``post_norms`` the output is RMSNormed by ``post_attention_norm``.
         """
         config, numbers = self.config, self.numbers
+        rope = config.layer_rope(layer)
         dh = config.head_width
         scale = numbers.sqrt(numbers.number(float(dh)))
         merged: Vector = []  # [H*dh]
         kv_heads = range(config.kv_heads)
-        stored_keys = [self._stored_heads([rope_rotate(_head(cell.keys[layer], g, dh), cell.position, config.rope,
-                                                       numbers) for g in kv_heads]) for cell in seen]
+        stored_keys = [self._stored_heads([rope_rotate(_head(cell.keys[layer], g, dh), cell.position, rope, numbers)
+                                           for g in kv_heads]) for cell in seen]
         stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads]) for cell in seen]
         for h in range(config.heads):
             g = h // config.group_size
-            q = rope_rotate(_head(query, h, dh), position, config.rope, numbers)
+            q = rope_rotate(_head(query, h, dh), position, rope, numbers)
             keys = [heads[g] for heads in stored_keys]
             values = [heads[g] for heads in stored_values]
             weights = softmax([_dot(q, k) / scale for k in keys], numbers)
             for f in range(dh):
                 merged.append(sum((a * v[f] for a, v in zip(weights, values)), start=weights[0] * 0))
-        return matvec(self.layers[layer].wo, merged)
+        out = matvec(self.layers[layer].wo, merged)
+        post = self.layers[layer].post_attention_norm
+        return out if post is None else rms_norm(out, post, config.norm_eps, numbers)
 
     def feed_forward(self, layer: int, hidden: Vector) -> Vector:
-        """``hidden + swiglu(rms_norm(hidden))``."""
-        weights = self.layers[layer]
-        x = rms_norm(hidden, weights.ffn_norm, self.config.norm_eps, self.numbers)
-        return [h + f for h, f in zip(hidden, swiglu(x, weights, self.numbers))]
+        """``hidden + ffn(rms_norm(hidden))`` (the gate's activation as configured), the feed-forward's output
+        RMSNormed by ``post_ffn_norm`` first with ``post_norms``."""
+        weights, config = self.layers[layer], self.config
+        x = rms_norm(hidden, weights.ffn_norm, config.norm_eps, self.numbers)
+        out = gated_feed_forward(x, weights, config.activation, self.numbers)
+        if weights.post_ffn_norm is not None:
+            out = rms_norm(out, weights.post_ffn_norm, config.norm_eps, self.numbers)
+        return [h + f for h, f in zip(hidden, out)]
 
     def logits(self, hidden: Vector) -> Vector:
         """The final RMSNorm, then the output head ``[V]``."""
@@ -266,14 +327,14 @@ class CellContext:
         """Decode every token of ``batch`` into its sequence's cells; the wanted logits ``[n, V]`` in float64.
 
         Each layer first computes every batch token's key and value into its new cell, then each token
-        attends over the cells of its sequence at positions ``<= its own`` (within the window), the batch's
+        attends over the cells of its sequence at positions ``<= its own`` (within the layer's window), the batch's
         new cells included: a batch is causal, as its tokens were decoded one by one. A token of several sequences
         is one cell all of them hold, and sees the cells every one of them holds.
         """
         self._check_batch(batch)
         model, numbers = self.model, self.model.numbers
         count = len(batch.tokens)
-        hidden = [list(model.embedding[t]) for t in batch.tokens]  # [n][D]
+        hidden = [model.embed(t) for t in batch.tokens]  # [n][D]
         cells = [Cell(batch.positions[i], batch.tokens[i], (), (), set(batch.sequences_of(i))) for i in range(count)]
         for layer in range(model.config.layers):
             queries = []  # [n][H*dh], unrotated
@@ -282,7 +343,7 @@ class CellContext:
                 queries.append(query)
                 cells[i].keys, cells[i].values = (*cells[i].keys, key), (*cells[i].values, value)
             for i in range(count):
-                seen = self._seen(frozenset(batch.sequences_of(i)), batch.positions[i], cells)
+                seen = self._seen(frozenset(batch.sequences_of(i)), batch.positions[i], cells, layer)
                 attention = model.attend(layer, queries[i], batch.positions[i], seen)
                 hidden[i] = [h + a for h, a in zip(hidden[i], attention)]
             hidden = [model.feed_forward(layer, h) for h in hidden]
@@ -292,11 +353,11 @@ class CellContext:
         rounded = [[numbers.to_float(v) for v in row] for row in wanted]
         return np.array(rounded, dtype=np.float64).reshape(len(wanted), model.config.vocab)
 
-    def _seen(self, seqs: frozenset[int], position: int, batch_cells: list[Cell]) -> list[Cell]:
-        """The cells a query of the sequences ``seqs`` (one, or several sharing a token) at ``position`` attends:
-        held ones every one of them holds, then the batch's (whose keys and values of the current layer are in by
-        then)."""
-        window = self.model.config.window
+    def _seen(self, seqs: frozenset[int], position: int, batch_cells: list[Cell], layer: int) -> list[Cell]:
+        """The cells a query of the sequences ``seqs`` (one, or several sharing a token) at ``position`` attends in
+        ``layer`` (within that layer's window): held ones every one of them holds, then the batch's (whose keys and
+        values of the current layer are in by then)."""
+        window = self.model.config.layer_window(layer)
         first = min(seqs)
         candidates = [*(c for c in self.cells_of(first) if seqs <= c.sequences),
                       *(c for c in batch_cells if seqs <= c.sequences)]

@@ -121,6 +121,17 @@ def numpy_precision(dtype: str) -> NumberSystem:
 # "norm": a whole model's RMSNorm, x / sqrt(mean(x^2) + eps) with x rounded to the dtype and computed there, the
 # result back in float64 before the weight multiplies it (transformers' LlamaRMSNorm in a float64 model)
 COMPONENTS = ("rope", "softmax", "rotation", "transcendentals", "norm")
+# Not a mixed precision of a float64 model: a low-precision computation whose gate activation is read from a table of
+# a narrower dtype (the argument and the value rounded to it; ggml's CPU GELU, a float16 table): ``with_table``.
+ACTIVATION_TABLES = ("float16",)
+
+
+def with_activation_table(numbers: NumberSystem, table: str) -> NumberSystem:
+    """``numbers`` with its gate activation read from a ``table`` (``ACTIVATION_TABLES``) table."""
+    if table not in ACTIVATION_TABLES:
+        raise ValueError(f"an activation table must be one of {ACTIVATION_TABLES}, got {table!r}")
+    return replace(numbers, name=f"{numbers.name} with its activation from a {table} table",
+                   components=(*numbers.components, ("activation", numpy_precision(table))))
 
 
 def mixed_precision(components: Mapping[str, str]) -> NumberSystem:

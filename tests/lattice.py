@@ -11,6 +11,7 @@ another would fail it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -47,9 +48,12 @@ from impl.model_conformance import (
     PositionsFromZeroModelAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
+    make_gelu_table_model_adapter,
+    make_gemma3_model_adapter,
     make_growing_model_adapter,
     make_micro_batch_model_adapter,
     make_positions_from_zero_model_adapter,
+    make_swa_pattern_6_model_adapter,
     make_uint4_extreme_model_adapter,
     make_uint4_groups_model_adapter,
     make_unbounded_shift_model_adapter,
@@ -68,8 +72,9 @@ DECODER = {"float64", "gqa", "positions_sinusoidal", "positions_rope", "rope_int
 DEPENDS = {"physical_storage": {"reset_keeps_bytes", "reset_keeps_buffers", "reset_zeroes"},
            "reset_keeps_buffers": {"reset_keeps_bytes"}, "sliding_window_layer": {"attention_sinks"},
            "ragged_rows": {"batch_merge", "batch_extract", "batch_filter"},
+           "sliding_window": {"interleaved_windows"},
            "whole_model": {"seq_remove", "seq_copy", "seq_keep", "seq_shift", "seq_divide", "seq_state",
-                           "multi_sequence_tokens"}}
+                           "multi_sequence_tokens", "interleaved_windows"}}
 
 
 class Declared:
@@ -395,6 +400,30 @@ def _affine_cache(zero_point: str = "minimum", declared: StorageRule | None = No
                     dtype="float32", kv_storage=rule.declared(), model_limits={"head_width_multiple": rule.group})
 
 
+class UniformWindows(ModelReferenceAdapter):
+    """Builds every model with its window in every layer and one RoPE base: an engine without per-layer window
+    patterns (docs/spec.md §15.1)."""
+
+    name = "lattice-uniform-windows"
+
+    def create_model(self, config: Any, weights: Any) -> Any:
+        return super().create_model(dataclasses.replace(config, window_pattern="all", local_rope_base=None), weights)
+
+
+class LlamaOnly(ModelReferenceAdapter):
+    """Runs every model as a Llama: the Gemma switches, and the norms they bring, ignored."""
+
+    name = "lattice-llama-only"
+
+    def create_model(self, config: Any, weights: Any) -> Any:
+        plain = dataclasses.replace(config, embedding_scale=False, qk_norm=False, post_norms=False, activation="silu")
+        layers = tuple(dataclasses.replace(layer, q_norm=None, k_norm=None, post_attention_norm=None,
+                                           post_ffn_norm=None) for layer in weights.layers)
+        return super().create_model(plain, dataclasses.replace(weights, layers=layers))
+
+
+INTERLEAVED = {"float64", "interleaved_windows"}  # MODEL_ONLY leaves float64 out
+GEMMA3 = {"architectures": ["llama", "gemma3"]}
 MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
     **{f"model-{name}": (lambda name=name, policy=policy: Declared(
         f"model-{name}", REFERENCE, _model(policy), model_policy={**ReferenceAdapter.model_policy, **policy}))
@@ -454,7 +483,42 @@ MODEL_VARIANTS: dict[str, Callable[[], Any]] = {
                                              make_growing_model_adapter(), layer_caches=False,
                                              model_policy=GrowingModelAdapter.model_policy),
 }
+# the widened model (issue 37): per-layer window patterns and a local RoPE base, Gemma 3's architecture beside
+# Llama's; llama.cpp's gemma3 (every sixth layer global, a local base of 10000, models of six and seven layers)
+MODEL_VARIANTS |= {
+    "model-interleaved-gemma3": lambda: Declared("model-interleaved-gemma3", MODEL_ONLY | INTERLEAVED,
+                                                 make_gemma3_model_adapter(), layer_caches=False, model_limits=GEMMA3),
+    "model-gemma3-swa-pattern-6": lambda: Declared(
+        "model-gemma3-swa-pattern-6", MODEL_ONLY | INTERLEAVED, make_swa_pattern_6_model_adapter(),
+        layer_caches=False, model_limits={"architectures": ["gemma3"], "window_pattern": 6,
+                                          "local_rope_base": 10000.0}),
+    # an engine of uniform windows, and one that runs only Llamas, each declaring no more
+    "model-uniform-windows": lambda: Declared("model-uniform-windows", MODEL_ONLY | {"float64"}, UniformWindows(),
+                                              layer_caches=False),
+    "model-llama-only": lambda: Declared("model-llama-only", MODEL_ONLY | INTERLEAVED, LlamaOnly(),
+                                         layer_caches=False),
+    # float32 over a float16 cache (llama.cpp's default) through every new operation: the precision rule covers them
+    "model-float32-gemma3": lambda: Declared("model-float32-gemma3", MODEL_ONLY | {"interleaved_windows"},
+                                             LowPrecisionModelAdapter("float32", "float16"), layer_caches=False,
+                                             dtype="float32", kv_storage="float16", model_limits=GEMMA3),
+    # the gate activation read from a float16 table (ggml's CPU GELU, which llama.cpp's gemma3 runs), declared
+    "model-float32-gelu-float16-table": lambda: Declared(
+        "model-float32-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, make_gelu_table_model_adapter(),
+        layer_caches=False, dtype="float32", kv_storage="float16", model_limits=GEMMA3, activation_table="float16"),
+}
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
+    # uniform windows claiming interleaved_windows: a global layer windowed, a local base ignored
+    "model-uniform-windows-claims-interleaved": (lambda: Declared(
+        "twin-uniform-windows", MODEL_ONLY | INTERLEAVED, UniformWindows(), layer_caches=False), "model", {}, ""),
+    # a GELU read from a float16 table over a float16 cache, undeclared: up to 2.6 x the float32 rule's budget
+    "model-gelu-float16-table-undeclared": (lambda: Declared(
+        "twin-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, make_gelu_table_model_adapter(),
+        layer_caches=False, dtype="float32", kv_storage="float16", model_limits=GEMMA3, activation_table=None),
+        "model", {}, ""),
+    # a Llama-only engine claiming gemma3: the switches ignored
+    "model-llama-only-claims-gemma3": (lambda: Declared(
+        "twin-llama-only", MODEL_ONLY | INTERLEAVED, LlamaOnly(), layer_caches=False, model_limits=GEMMA3),
+        "model", {}, ""),
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
         f"twin-model-{name}", REFERENCE, _model(policy), model_policy=ReferenceAdapter.model_policy), "model", {}, "")
        for name, policy in MODEL_POLICIES.items()},

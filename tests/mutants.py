@@ -767,7 +767,7 @@ MODEL_MUTANTS = (
            (("        self.members[..., seq] = kept\n", "        self.members[0, :, seq] = kept[0]\n"),),
            "keep in a per-sequence context keeps the sequence's cells of the first store only", "model"),
     Mutant("model_shift_not_re_rotated", "model.py",
-           (("self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(held, moved))",
+           (("self.keys[stream, layer, picked] = self._as_stored(self.model.rotate(layer, held, moved))",
              "self.keys[stream, layer, picked] = held"),),
            "a shift moves positions but leaves the stored keys rotated at the old ones", "model"),
     Mutant("model_shift_rotates_backwards", "model.py",
@@ -945,7 +945,33 @@ MODEL_MUTANTS = (
            "grows by allocating larger stores, but not the table of which sequences hold each cell: every cell held "
            "is freed", "model", factory="make_growing_adapter"),
 )
-MUTANTS = MUTANTS + MODEL_MUTANTS
+# -- the widened model (docs/spec.md §15.1, issue 37): per-layer windows, a local RoPE base, Gemma 3's switches --
+WIDENED_MODEL_MUTANTS = (
+    Mutant("model_local_layers_use_the_global_base", "model.py",
+           (("self.inverse_frequencies = [float(local if window is not None else shape.rope_base)",
+             "self.inverse_frequencies = [float(shape.rope_base)"),),
+           "rotates the windowed layers with the global RoPE base instead of local_rope_base",
+           "model", factory="model_conformance:make_gemma3_model_adapter",
+           # a local base shows only in a windowed layer of a window of 2 or more with heads of 4 (a head of 2 turns
+           # by the position alone, whatever the base): about one drawn model in ten; caught at example 120
+           examples=200),
+    Mutant("model_global_layers_windowed", "model.py",
+           (("window = model.windows[layer]  # this layer's (None: a global layer)",
+             "window = s.window  # this layer's (None: a global layer)"),),
+           "windows every layer alike, the global layers of a window pattern too",
+           "model", factory="model_conformance:make_gemma3_model_adapter"),
+    Mutant("model_key_not_normed", "model.py",
+           (('            k = _rms_norm(k, w["k_norm"], s.norm_eps, self.norm_dtype)\n', ""),),
+           "Gemma's q/k norms: normalises the queries but not the keys",
+           "model", factory="model_conformance:make_gemma3_model_adapter"),
+    Mutant("model_activation_table_in_bfloat16", "model.py",
+           (("self.activation_table = None if activation_table is None else np.dtype(activation_table)",
+             'self.activation_table = None if activation_table is None else np.dtype(__import__("ml_dtypes").bfloat16)'
+             ),),
+           "declares its gate activation read from a float16 table, but reads it from a bfloat16 one",
+           "model", factory="model_conformance:make_gelu_table_model_adapter"),
+)
+MUTANTS = MUTANTS + MODEL_MUTANTS + WIDENED_MODEL_MUTANTS
 
 
 def build(mutant: Mutant, directory: Path, *also: Mutant) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -163,6 +164,8 @@ CASES = [  # preset, context, policy
     ("tiny-tied", ContextConfig(30, SEQUENCES, False), {"copy_into_nonempty": "replace"}),
     ("tiny-mha", ContextConfig(18, SEQUENCES, True), {"copy_into_nonempty": "replace"}),
     ("tiny", ContextConfig(18, SEQUENCES, False), {"copy_into_nonempty": "whole_only"}),
+    ("tiny-gemma3", ContextConfig(18, SEQUENCES, True), {}),  # per-layer windows, a local base, the switches
+    ("tiny-interleaved", ContextConfig(18, SEQUENCES, False), {"shared_copies": False}),
 ]
 
 
@@ -435,3 +438,24 @@ def test_the_float32_norm_reference_is_judged_by_the_norm_baseline_and_not_at_1e
     assert 1e-12 < base < 1e-5
     judge = Judge.for_model(adapter, FLOAT64)
     assert judge.components == {"norm": "float32"} and judge.naive is not None
+
+
+def test_bad_widened_models_are_typed_errors() -> None:
+    """A pattern without a window, another activation, a switched norm missing or one given with its switch off."""
+    gemma = MODEL_PRESETS["tiny-gemma3"]
+    weights = random_model_weights(gemma, 1)
+    for config in (SimpleNamespace(**{**vars_of(gemma), "window": None, "local_rope_base": None}),
+                   SimpleNamespace(**{**vars_of(gemma), "activation": "relu"}),
+                   SimpleNamespace(**{**vars_of(gemma), "window_pattern": 1})):
+        with pytest.raises(errors.InvalidModelConfig):
+            LlamaModel(config, weights)
+    layers = (dataclasses.replace(weights.layers[0], q_norm=None), *weights.layers[1:])
+    with pytest.raises(errors.InvalidModelConfig):
+        LlamaModel(gemma, dataclasses.replace(weights, layers=layers))
+    llama = dataclasses.replace(gemma, qk_norm=False)
+    with pytest.raises(errors.InvalidModelConfig):
+        LlamaModel(llama, weights)
+
+
+def vars_of(config: ModelConfig) -> dict[str, Any]:
+    return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}

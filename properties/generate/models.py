@@ -9,9 +9,12 @@ by §5.1).
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from ..oracle import ContextConfig, ModelConfig
+from ..oracle.model_config import GEMMA3_SWITCHES
 from ..protocol.kinds import Capability
 from ..protocol.model import ModelLimits, ModelPolicy
 
@@ -30,8 +33,18 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured; with a
     ``kv_width_multiple``, of 2, 4, 16, 32, 64 and with kv heads that make whole kv rows of it), model
     width 2-8 (a multiple of the heads where ``model_width_divisible_by_heads``), FFN 2-8, a declared RoPE
-    pairing, a window only if ``sliding_window`` is declared, tied or untied."""
-    styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities]
+    pairing, a window only if ``sliding_window`` is declared, tied or untied.
+
+    Widened only for an adapter declaring more (a Llama-only adapter's draws are as before): an architecture among
+    ``model_limits`` ``architectures`` (``gemma3``: every Gemma switch on, RoPE ``half_split``); with
+    ``interleaved_windows`` and a window, 2-3 layers (``k`` or ``k + 1`` under a ``window_pattern`` limit ``k``), a
+    window pattern (every layer, every second or third layer global, or one bool per layer) and a local RoPE base
+    (none, or the one of 10000 and 100 the global base is not; the ``local_rope_base`` limit where declared)."""
+    architecture = "llama"
+    if limits.architectures != ("llama",):
+        architecture = draw(st.sampled_from(limits.architectures), label="architecture")
+    styles = [s for s in ("interleaved", "half_split") if f"rope_{s}" in capabilities
+              and (architecture != "gemma3" or s == "half_split")]
     style = draw(st.sampled_from(styles), label="rope style")
     widest = _bounded(8, limits.max_model_width)
     most_heads = _bounded(4, limits.max_heads)
@@ -60,13 +73,34 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
                            label="model width")
     else:
         model_width = draw(st.integers(2, widest), label="model width")
-    return ModelConfig(
+    interleaved = window is not None and Capability.INTERLEAVED_WINDOWS.value in capabilities
+    most_layers = _bounded(3 if interleaved else 2, limits.max_layers)
+    fewest_layers = min(2, most_layers) if interleaved else 1  # layers that may differ
+    if interleaved and limits.window_pattern is not None:  # the one pattern built: its first global layer, and
+        most_layers = _bounded(limits.window_pattern + 1, limits.max_layers)  # a windowed one after it
+        fewest_layers = min(limits.window_pattern, most_layers)
+    config = ModelConfig(
         vocab=vocab, model_width=model_width,
-        layers=draw(st.integers(1, _bounded(2, limits.max_layers)), label="layers"),
+        layers=draw(st.integers(fewest_layers, most_layers), label="layers"),
         heads=heads, kv_heads=kv_heads, head_width=head_width,
         ffn_width=draw(st.integers(2, _bounded(8, limits.max_ffn_width)), label="ffn width"),
         rope_style=style, rope_base=draw(st.sampled_from([10000.0, 100.0]), label="rope base"),
         tied_output=draw(st.booleans(), label="tied"), window=window, max_positions=MAX_POSITIONS)
+    widened: dict[str, object] = {}
+    if interleaved:
+        widened["window_pattern"] = limits.window_pattern or draw(window_patterns(config.layers), label="pattern")
+        if limits.local_rope_base is not None:
+            widened["local_rope_base"] = limits.local_rope_base
+        elif draw(st.booleans(), label="local rope base"):  # one that differs from the global base
+            widened["local_rope_base"] = 100.0 if config.rope_base == 10000.0 else 10000.0
+    if architecture == "gemma3":
+        widened |= GEMMA3_SWITCHES
+    return dataclasses.replace(config, **widened) if widened else config
+
+
+def window_patterns(layers: int) -> st.SearchStrategy[str | int | tuple[bool, ...]]:
+    """Which layers a window applies to: every one, every second or third global, or one drawn bool per layer."""
+    return st.one_of(st.sampled_from(["all", 2, 3]), st.tuples(*[st.booleans()] * layers))
 
 
 def context_cells(unified: bool, sequences: int, limits: ModelLimits) -> tuple[int, int]:
@@ -96,4 +130,6 @@ def model_requirements(config: ModelConfig) -> set[str]:
         needs.add(Capability.GQA.value)
     if config.window is not None:
         needs.add(Capability.SLIDING_WINDOW.value)
+    if config.interleaved:
+        needs.add(Capability.INTERLEAVED_WINDOWS.value)
     return needs

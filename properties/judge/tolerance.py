@@ -87,8 +87,9 @@ from ..oracle import (
     numpy_precision,
     rounding_errors,
 )
+from ..oracle.numbers import with_activation_table
 from ..protocol.declarations import check_precision, declared_precision, declared_storage
-from ..protocol.model import declared_kv_format
+from ..protocol.model import declared_activation_table, declared_kv_format
 from .checks import assert_close
 from .failures import NonConformance
 
@@ -121,6 +122,7 @@ class Judge:
     worst: tuple[float, float] = (0.0, ABSOLUTE)
     components: Mapping[str, str] = field(default_factory=dict)  # declared mixed_precision: component -> dtype
     storage: StorageFormat | None = None  # declared storage format of the cached rows
+    activation_table: str | None = None  # a whole model's gate activation read from a table of this dtype
 
     def __post_init__(self) -> None:
         self.components = check_precision(self.dtype, self.components)
@@ -140,7 +142,8 @@ class Judge:
         format where the cache is narrower than the computation (the naive baseline then reads every key and
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
-        return cls(dtype, oracle, components=components, storage=declared_kv_format(adapter))
+        return cls(dtype, oracle, components=components, storage=declared_kv_format(adapter),
+                   activation_table=declared_activation_table(adapter))
 
     @property
     def kv_storage(self) -> str:
@@ -156,10 +159,18 @@ class Judge:
             return mixed_precision(self.components)
         if self.dtype == "float64":
             return FLOAT64 if self.storage is not None else None
+        if self.activation_table is not None:  # the naive computation through the table (docs/spec.md §15.6)
+            return with_activation_table(numpy_precision(self.dtype), self.activation_table)
         return numpy_precision(self.dtype) if self.storage is not None else rounding_errors(self.dtype)
 
     @property
     def rule(self) -> str:
+        if self.activation_table is not None:
+            stored = "" if self.storage is None else f", K/V stored as {self.storage.format}"
+            return (f"{self.dtype} computation{stored}, the gate activation read from a {self.activation_table} "
+                    f"table: |error| <= {FACTOR:g} x |error of the full-prefix computation so| + "
+                    f"{STORAGE_FLOOR_UNITS:g} {self.activation_table} unit(s) per table and cache at the expected "
+                    f"magnitude + {FLOOR_ULPS:g} {self.dtype} ulps, against the {self.oracle.name} oracle")
         if self.storage is not None:
             rule = self.storage
             scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
@@ -205,11 +216,13 @@ class Judge:
         error = baseline if self.naive is not None and self.naive.reads_errors else np.abs(baseline - expected)
         budget = float(np.max(np.where(np.isfinite(error), error, np.inf), initial=0.0))
         scale = float(np.max(np.abs(expected), initial=1.0))
+        table = 0.0 if self.activation_table is None else STORAGE_FLOOR_UNITS * StorageFormat(
+            self.activation_table, "none").unit * scale  # one unit of the table, as of a narrower cache
         if self.storage is not None:
             floor = STORAGE_FLOOR_UNITS * self.storage.unit * scale + (
                 FLOOR_ULPS * _EPS[self.dtype] * scale if self.dtype != "float64" else ABSOLUTE)
-            return FACTOR * budget + floor
-        floor = FLOOR_ULPS * _EPS[self._floor_dtype] * scale
+            return FACTOR * budget + floor + table
+        floor = FLOOR_ULPS * _EPS[self._floor_dtype] * scale + table
         return FACTOR * budget + floor + (ABSOLUTE if self.components else 0.0)
 
     @property

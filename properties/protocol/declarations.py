@@ -20,7 +20,14 @@ from typing import Any
 
 from ..oracle import LOW_PRECISIONS, StorageFormat, mixed_precision
 from .kinds import LAYER_CONVENTIONS, Capability, declared
-from .model import MODEL_METHODS, SEQUENCE_OPERATIONS, ModelLimits, ModelPolicy, declared_kv_storage
+from .model import (
+    MODEL_METHODS,
+    SEQUENCE_OPERATIONS,
+    ModelLimits,
+    ModelPolicy,
+    declared_activation_table,
+    declared_kv_storage,
+)
 
 # The methods each capability adds to an adapter (besides name, version, capabilities and error_kind).
 METHODS_OF = {
@@ -240,6 +247,10 @@ def declaration_problems(adapter: Any) -> list[str]:
                                     Capability.BATCH_FILTER.value})
     if splits and Capability.RAGGED_ROWS.value not in capabilities:
         problems.append(f"declares {', '.join(splits)} without ragged_rows: they work on ragged batches")
+    if Capability.INTERLEAVED_WINDOWS.value in capabilities and not {
+            Capability.WHOLE_MODEL.value, Capability.SLIDING_WINDOW.value} <= capabilities:
+        problems.append("declares interleaved_windows without whole_model and sliding_window: it windows some of a "
+                        "model's layers")
     if Capability.KEYS_UNROTATED.value in capabilities and not capabilities & {
             Capability.ROPE_INTERLEAVED.value, Capability.ROPE_HALF_SPLIT.value}:
         problems.append("declares keys_unrotated without a RoPE pairing (rope_interleaved / rope_half_split)")
@@ -253,10 +264,17 @@ def declaration_problems(adapter: Any) -> list[str]:
             problems.append(f"declares {', '.join(operations)} without whole_model, the contexts they work on")
         if "norm" in (getattr(adapter, "mixed_precision", None) or {}):
             problems.append("declares mixed_precision 'norm' without whole_model: only a whole model has RMSNorms")
+        if getattr(adapter, "activation_table", None) is not None:
+            problems.append("declares activation_table without whole_model: only a whole model has a gated "
+                            "feed-forward")
         return problems
-    for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage):
+    for read in (ModelPolicy.of, ModelLimits.of, declared_kv_storage, declared_activation_table):
         try:
             read(adapter)
         except (TypeError, ValueError) as error:
             problems.append(str(error))
+    try:
+        problems += ModelLimits.of(adapter).capability_problems(capabilities)
+    except (TypeError, ValueError):
+        pass  # reported above
     return problems

@@ -104,6 +104,9 @@ class Capability(str, Enum):
     PREFIX_STORE = "prefix_store"  # the longest-common-prefix store of spec §10
     PAGED_PREFIX_SHARING = "paged_prefix_sharing"  # a paged pool sharing hash-chained full blocks (spec §14)
     SLIDING_WINDOW = "sliding_window"  # decoders with a sliding attention window
+    # whole models whose layers differ: a window in some layers only (window_pattern) and another RoPE base in the
+    # windowed ones (local_rope_base); needs sliding_window (docs/spec.md §15.1)
+    INTERLEAVED_WINDOWS = "interleaved_windows"
     # A windowed session that may refuse a prefill of more than W tokens with REFUSED, changing nothing (litgpt from
     # 0.5.13: "chunked prefill with chunk size <= W"); one of at most W tokens must still succeed.
     PREFILL_WITHIN_WINDOW = "prefill_within_window"

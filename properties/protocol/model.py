@@ -38,13 +38,15 @@ llama.cpp's block formats ``"q8_0"``, ``"q4_0"``, their blocks cut from each hea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..oracle.model_config import ContextConfig, LayerWeights, ModelBatch, ModelConfig, ModelWeights
+from ..oracle.model_config import ARCHITECTURES, ContextConfig, LayerWeights, ModelBatch, ModelConfig, ModelWeights
+from ..oracle.numbers import ACTIVATION_TABLES
 from ..oracle.storage import StorageFormat
 
 # The method each sequence operation adds (besides those of whole_model itself).
@@ -64,6 +66,11 @@ COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: kee
 # whole-sequence copies are drawn (a range copy is outside what the adapter offers), and they replace
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
 FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
+# the model_limits that are neither bools nor ints >= 1: the architectures an engine runs the model as (a non-empty
+# list drawn from ARCHITECTURES; default llama alone), the one window pattern it builds (an int k >= 2: llama.cpp's
+# gemma3 windows every layer but each sixth) and the one RoPE base of its windowed layers (a float: llama.cpp's
+# gemma3, 10000)
+ARCHITECTURE_LIMITS = ("architectures", "window_pattern", "local_rope_base")
 # the suite's batches hold at most 8 tokens: a micro-batch of at most 4 is split at least once by the longest
 MAX_MICRO_BATCH = 4
 REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges that leave no cell of it after them
@@ -179,6 +186,11 @@ class ModelLimits:
     micro_batch: int | None = None
     # the model width a multiple of the heads (transformers' LlamaConfig refuses another, head_dim given or not)
     model_width_divisible_by_heads: bool = False
+    # the architectures the engine runs (docs/spec.md §15.1): llama.cpp's arch names, "llama" and "gemma3"
+    architectures: tuple[str, ...] = ("llama",)
+    # with interleaved_windows: the only window pattern and local RoPE base the engine builds (None: the suite's own)
+    window_pattern: int | None = None
+    local_rope_base: float | None = None
 
     @classmethod
     def of(cls, adapter: Any) -> ModelLimits:
@@ -191,7 +203,23 @@ class ModelLimits:
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise ModelPolicyError(f"model_limits: unknown limit {', '.join(map(repr, unknown))}; known: {known}")
+        given = dict(given)
+        if "architectures" in given:
+            named = given["architectures"]
+            if isinstance(named, str) or not isinstance(named, (list, tuple)) or not named or not set(named) <= set(
+                    ARCHITECTURES):
+                raise ModelPolicyError(f"model_limits['architectures'] must be a non-empty list drawn from "
+                                       f"{list(ARCHITECTURES)}, got {named!r}")
+            given["architectures"] = tuple(a for a in ARCHITECTURES if a in named)
+        pattern, base = given.get("window_pattern"), given.get("local_rope_base")
+        if pattern is not None and (isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 2):
+            raise ModelPolicyError(f"model_limits['window_pattern'] must be an int >= 2 (every k-th layer global), "
+                                   f"got {pattern!r}")
+        if base is not None and not (isinstance(base, float) and math.isfinite(base) and base > 0):
+            raise ModelPolicyError(f"model_limits['local_rope_base'] must be a finite positive float, got {base!r}")
         for name, value in given.items():
+            if name in ARCHITECTURE_LIMITS:
+                continue
             if name in FLAG_LIMITS:
                 if not isinstance(value, bool):
                     raise ModelPolicyError(f"model_limits[{name!r}] must be a bool, got {value!r}")
@@ -211,7 +239,8 @@ class ModelLimits:
 
     def described(self) -> dict[str, Any]:
         """The limits that differ from the suite's own ranges (for reports)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        return {f.name: list(value) if isinstance(value := getattr(self, f.name), tuple) else value
+                for f in fields(self) if getattr(self, f.name) != f.default}
 
     def model_problem(self, config: ModelConfig) -> str | None:
         """Why a model of this configuration is outside the limits (None: inside)."""
@@ -233,7 +262,31 @@ class ModelLimits:
                     f"{self.kv_width_multiple}")
         if self.model_width_divisible_by_heads and config.model_width % config.heads:
             return f"model width {config.model_width} is not a multiple of {config.heads} heads"
+        if config.architecture not in self.architectures:
+            return (f"a model of architecture {config.architecture or 'none (a mix of Gemma switches)'}, but "
+                    f"model_limits architectures are {list(self.architectures)}")
+        if self.window_pattern is not None and config.window is not None:
+            built = ModelConfig(layers=config.layers, window=config.window, window_pattern=self.window_pattern)
+            if [config.layer_window(i) for i in range(config.layers)] != [built.layer_window(i)
+                                                                          for i in range(config.layers)]:
+                return (f"window pattern {config.window_pattern!r}, but model_limits window_pattern "
+                        f"{self.window_pattern}")
+        if self.local_rope_base is not None and config.window is not None:
+            local = config.rope_base if config.local_rope_base is None else config.local_rope_base
+            if local != self.local_rope_base:
+                return f"local RoPE base {local}, but model_limits local_rope_base {self.local_rope_base}"
         return None
+
+    def capability_problems(self, capabilities: frozenset[str]) -> list[str]:
+        """Limits that contradict the capabilities (a usage error): nothing could be drawn within both."""
+        problems = []
+        if "gemma3" in self.architectures and "rope_half_split" not in capabilities:
+            problems.append("model_limits architectures name gemma3 without rope_half_split: gemma3 rotates halves")
+        if (self.window_pattern is not None or self.local_rope_base is not None) and \
+                "interleaved_windows" not in capabilities:
+            problems.append("model_limits window_pattern or local_rope_base without interleaved_windows, which they "
+                            "bound")
+        return problems
 
     def context_problem(self, config: ContextConfig) -> str | None:
         """Why a context of this configuration is outside the limits (None: inside)."""
@@ -323,6 +376,20 @@ def _declared_kv(adapter: Any) -> tuple[str, StorageFormat | None]:
     return storage, rule
 
 
+def declared_activation_table(adapter: Any) -> str | None:
+    """The adapter's ``activation_table`` (None: its gate activation computed in its dtype): the dtype of the table
+    its gate activation is read from (``"float16"``: ggml's CPU GELU), for a ``float32`` model only."""
+    table = getattr(adapter, "activation_table", None)
+    if table is None:
+        return None
+    if table not in ACTIVATION_TABLES:
+        raise ValueError(f"activation_table must be one of {ACTIVATION_TABLES}, got {table!r}")
+    if str(getattr(adapter, "dtype", "float64")) != "float32":
+        raise ValueError(f"activation_table {table!r} is declared by a float32 model only; this one declares dtype "
+                         f"{getattr(adapter, 'dtype', 'float64')!r}")
+    return str(table)
+
+
 def model_methods(capabilities: frozenset[str]) -> list[str]:
     """The model methods an adapter declaring ``capabilities`` (spelled out) must have, in a stable order."""
     if "whole_model" not in capabilities:
@@ -406,7 +473,30 @@ class ModelAdapter(Protocol):
         """The ``ErrorKind`` value of an exception the engine raised on purpose, or None."""
 
 
-__all__ = ["CAPACITIES", "CONTEXT_KINDS", "COPIES", "KV_STORAGES", "MODEL_METHODS", "NEGATIVE_SHIFTS", "POSITIONS",
-           "REMOVALS", "SEQUENCE_OPERATIONS", "ContextConfig", "LayerWeights", "ModelAdapter", "ModelBatch",
-           "ModelConfig", "ModelLimits", "ModelPolicy", "ModelPolicyError", "ModelWeights", "declared_kv_along",
-           "declared_kv_format", "declared_kv_storage", "described_kv_storage", "model_methods"]
+__all__ = [
+    "ARCHITECTURE_LIMITS",
+    "CAPACITIES",
+    "CONTEXT_KINDS",
+    "COPIES",
+    "KV_STORAGES",
+    "MODEL_METHODS",
+    "NEGATIVE_SHIFTS",
+    "POSITIONS",
+    "REMOVALS",
+    "SEQUENCE_OPERATIONS",
+    "ContextConfig",
+    "LayerWeights",
+    "ModelAdapter",
+    "ModelBatch",
+    "ModelConfig",
+    "ModelLimits",
+    "ModelPolicy",
+    "ModelPolicyError",
+    "ModelWeights",
+    "declared_activation_table",
+    "declared_kv_along",
+    "declared_kv_format",
+    "declared_kv_storage",
+    "described_kv_storage",
+    "model_methods",
+]
