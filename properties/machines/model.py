@@ -949,13 +949,17 @@ class ModelMachine(ConformanceMachine):
 
     @rule(data=st.data(), when=lambda self: self.config.window is not None, relies_on=[NEGATIVE_SHIFT])
     def outgrow_the_window_then_change(self, data: Draws) -> None:
-        """A sequence decoded past its window and its store's room (a store declared ``window_cells: visible`` may
-        evict), then an operation that may need a cell no longer held -- a removal to the end near its oldest held
-        cell, one in the middle, its last cells shifted back, a divide, a copy into another sequence, a save loaded
-        under another id -- and a token of it decoded: refused changing nothing, or done over what is held."""
+        """A sequence (forked first, or not) decoded past its window and its store's room (a store declared
+        ``window_cells: visible`` may evict), then an operation that may need a cell no longer held -- a removal to
+        the end just above its oldest held cell, one in the middle, its last cells shifted back, a divide, a copy
+        into another sequence, a save loaded under another id -- and a token of it decoded: refused changing
+        nothing, or done over what is held."""
         seq = self._a_sequence(data)
-        self._outgrow(data, seq)
         others = [s for s in range(self.sequences) if s != seq]
+        if others and self.has(Capability.SEQ_COPY) and data.optional(st.booleans(), "forked first", False):
+            self._held(data, seq, 2)  # a copy sharing its cells: what one outgrows the other may still see
+            self._copy(seq, data.draw(st.sampled_from(others), label="fork"), -1, -1)
+        self._outgrow(data, seq)
         offered = [name for name, capability in WINDOW_CHANGES if self.has(capability)
                    and (name not in WINDOW_CHANGES_TO_ANOTHER or others)]
         oracle = self.oracles[0]
