@@ -1014,6 +1014,12 @@ class ModelMachine(ConformanceMachine):
         its store's room, where it evicts: a ring of W + S slots has wrapped), then a chunk of 2-4 tokens: each sees
         the sinks besides its window (a ring that masks by slot, not position, loses them)."""
         seq = self._a_sequence(data)
+        oracle = self.oracles[0]
+        target = self.context_config.sinks + (self.config.window or 0)
+        short = oracle.free(oracle.store_of(seq)) + oracle.own_cells(seq) < target + 2 and not (
+            self.evicting or self.grows)
+        if short and any(oracle.stores):  # a store that keeps every cell needs S + W + 2 of them: emptied first
+            self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
         if self.oracles[0].pos_max(seq) >= 0:
             if self.has(Capability.SEQ_REMOVE):
                 self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}", lambda o: o.remove(seq, -1, -1),
@@ -1028,13 +1034,16 @@ class ModelMachine(ConformanceMachine):
         self._decode(f"prompt of sequence {seq} from position 0", ModelBatch.of_sequence(seq, tokens, 0))
         if self.evicting:
             self._outgrow(data, seq)
-        target = self.context_config.sinks + (self.config.window or 0)
         for _ in range(target):
             if self.oracles[0].pos_max(seq) + 1 >= target:
                 break
             self._decode_one(data, seq)
+        chunk = data.draw(st.integers(2, MAX_PROMPT), label="chunk")
+        free = self.oracles[0].free(self.oracles[0].store_of(seq))
+        if not (self.evicting or self.grows):  # within the room where every cell is kept (past it: full, no wrap)
+            chunk = min(chunk, max(2, free))
         self._decode(f"a chunk of sequence {seq} past its window and sinks", self._batch(
-            data, [seq], [data.draw(st.integers(2, MAX_PROMPT), label="chunk")], mixed=False))
+            data, [seq], [chunk], mixed=False))
 
     # -- after every rule --------------------------------------------------------------------------------------
 
