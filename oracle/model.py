@@ -315,7 +315,7 @@ class CellContext:
         bound = float("inf") if reported_min < 0 else reported_min
         allowed = {id(c) for c in self.evictable(seq)} | {id(c) for c in cells if seq in c.uncertain}
         gone = [c for c in cells if c.position < bound]
-        seen = sorted(c.position for c in gone if id(c) not in allowed)
+        seen = sorted(int(c.position) for c in gone if id(c) not in allowed)
         if seen:
             return (f"sequence {seq} reports seq_pos_min {reported_min}: its cells at {seen} are gone, but a later "
                     f"token still sees them (or they are sinks, or its last cell)")

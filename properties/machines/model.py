@@ -1007,6 +1007,31 @@ class ModelMachine(ConformanceMachine):
             self._decode_one(data, dst)
         self._decode_one(data, seq)
 
+    @rule(data=st.data(), requires=[Capability.SEQ_REMOVE], when=lambda self: self.config.window is not None)
+    def remove_to_the_end_around_a_full_window(self, data: Draws) -> None:
+        """A sequence emptied, then W - 1, W or W + 1 tokens decoded into it and a removal to the end that leaves some
+        of them, then a token: below W tokens it must succeed; from W on, a ring (``window_removal: until_full``) may
+        refuse it, changing nothing (the layer machine's ``truncate_a_ring_of_window_and_sinks``, at model level)."""
+        seq = self._a_sequence(data)
+        if self.oracles[0].pos_max(seq) >= 0:
+            self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}", lambda o: o.remove(seq, -1, -1),
+                                lambda: self.adapter.seq_remove(self.context, seq, -1, -1), seq=seq, p0=-1, p1=-1)
+            if self.oracles[0].pos_max(seq) >= 0:  # refused, or replaced: nothing to start from
+                return
+        window = self.config.window or 1
+        count = window + data.draw(st.sampled_from((-1, 0, 1)), label="tokens past W")
+        if count < 2:
+            return  # nothing would be left after a removal to the end of a sequence of one token
+        self._decode(f"{count} tokens into sequence {seq}", self._batch(data, [seq], [count], mixed=False))
+        low, top = self.oracles[0].pos_min(seq), self.oracles[0].pos_max(seq)
+        if top <= low:  # the batch was refused, or replaced
+            return
+        p0 = data.draw(st.integers(low + 1, top), label="from")
+        self._sequence_call("remove", f"remove [{p0}, -1) of sequence {seq} after {count} tokens",
+                            lambda o: o.remove(seq, p0, -1), lambda: self.adapter.seq_remove(self.context, seq, p0, -1),
+                            seq=seq, p0=p0, p1=-1)
+        self._decode_one(data, seq)
+
     @rule(data=st.data(), requires=[Capability.ATTENTION_SINKS],
           when=lambda self: self.config.window is not None and self.context_config.sinks > 0)
     def sinks_past_a_wrap(self, data: Draws) -> None:
