@@ -921,7 +921,7 @@ MODEL_MUTANTS = (
            (("self.filled |= self.members.sum(axis=(0, 1)) >= self.model.shape.window",
              "self.filled |= self.members.sum(axis=(0, 1)) >= self.model.shape.window - 1"),),
            "declares window_removal until_full, but refuses removals to the end from W - 1 tokens held", "model",
-           factory="model_conformance:make_ring_model_adapter"),
+           factory="model_conformance:make_ring_model_adapter", examples=200),  # W - 1 tokens exactly, W >= 3
 )
 MUTANTS = MUTANTS + MODEL_MUTANTS
 

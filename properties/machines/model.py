@@ -976,7 +976,7 @@ class ModelMachine(ConformanceMachine):
             raise NotApplicable(f"the recorded change is a {change}, which {self.adapter.name} does not declare")
         window = self.config.window or 1
         if change == "remove to the end":  # just above the oldest held cell: the positions before it come into view
-            p0 = data.draw(st.integers(low + 1, max(low + 1, min(top, low + window - 1))), label="from")
+            p0 = data.draw(st.integers(low + 1, max(low + 1, min(top, low + window - 2))), label="from")
             self._sequence_call("remove", f"remove [{p0}, -1) of sequence {seq}", lambda o: o.remove(seq, p0, -1),
                                 lambda: self.adapter.seq_remove(self.context, seq, p0, -1), seq=seq, p0=p0, p1=-1)
         elif change == "remove in the middle":
