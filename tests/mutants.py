@@ -810,7 +810,8 @@ MODEL_MUTANTS = (
     Mutant("model_saved_state_reads_the_live_context", "model.py",
            (("        return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),\n"
              "                             self.keys[stream][:, picked].copy(), "
-             "self.values[stream][:, picked].copy())\n",
+             "self.values[stream][:, picked].copy(),\n"
+             "                             bool(self.filled[seq]))\n",
              "        context = self\n\n"
              "        class Live(SequenceState):  # the saved slots, read from this context when loaded\n"
              "            def __init__(self) -> None:\n"
