@@ -102,12 +102,28 @@ def test_attention_sinks_may_be_declared_by_a_whole_model_with_a_window() -> Non
 
 # -- the machine meets the window's edges on purpose ------------------------------------------------------------------
 
-def exercised(adapter: object) -> Counter[tuple[str, str]]:
+WINDOWED = ("outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window")
+FLOOR = 0.004  # tests/test_model_chains.py's floor of a rule's share of the steps
+
+
+def run(adapter: object) -> Counter[tuple[str, str]]:
+    """A derandomised default run of the model machine: (rule, case or outcome) -> times."""
     settings = profiles.settings_for("dev", database=None, max_examples=100, derandomize=True, deadline=None)
     result = run_machine("model", adapter, property_id="tests::model_windows", settings=settings)
     assert result.failure is None, result.failure
-    return Counter({key: times for key, times in result.exercise.counts.items()
-                    if key[1] not in (RAN, *CALL_OUTCOMES)})
+    return Counter(result.exercise.counts)
+
+
+def exercised(adapter: object) -> Counter[tuple[str, str]]:
+    return Counter({key: times for key, times in run(adapter).items() if key[1] not in (RAN, *CALL_OUTCOMES)})
+
+
+@pytest.mark.slow
+def test_the_window_rules_keep_their_floor_where_stores_evict() -> None:
+    steps = {rule: times for (rule, what), times in run(make_ring_model_adapter()).items() if what == RAN}
+    total = sum(steps.values())
+    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED if steps.get(rule, 0) / total < FLOOR}
+    assert not thin, thin
 
 
 @pytest.mark.slow

@@ -1032,12 +1032,12 @@ class ModelMachine(ConformanceMachine):
                             seq=seq, p0=p0, p1=-1)
         self._decode_one(data, seq)
 
-    @rule(data=st.data(), requires=[Capability.ATTENTION_SINKS],
-          when=lambda self: self.config.window is not None and self.context_config.sinks > 0)
+    @rule(data=st.data(), when=lambda self: self.config.window is not None)
     def sinks_past_a_wrap(self, data: Draws) -> None:
-        """A sequence started anew at position 0 (its first S tokens the sinks), decoded past S + W tokens (and past
-        its store's room, where it evicts: a ring of W + S slots has wrapped), then a chunk of 2-4 tokens: each sees
-        the sinks besides its window (a ring that masks by slot, not position, loses them)."""
+        """A sequence started anew at position 0 (its first S tokens the sinks, where the context keeps S >= 1),
+        decoded past S + W tokens (and past its store's room, where it evicts: a ring of W + S slots has wrapped),
+        then a chunk of 2-4 tokens: each sees the sinks besides its window (a ring that masks by slot, not
+        position, loses them); with no sinks, only its window, now past the sequence's start."""
         seq = self._a_sequence(data)
         oracle = self.oracles[0]
         target = self.context_config.sinks + (self.config.window or 0)
