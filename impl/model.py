@@ -229,19 +229,26 @@ class SequenceState:
     tokens: np.ndarray
     keys: np.ndarray
     values: np.ndarray
+    filled: bool = False  # the sequence had held a window's worth of tokens (or lost one to eviction)
 
 
 class ModelContext:
     """A context of ``cells`` cells for sequences ``0 .. max_sequences-1`` of one ``LlamaModel``; its keys and
     values are stored in ``kv_dtype`` (default the model's), rounded when written, read back in the model's; a
     block format's blocks cut from each head's row, or with ``blocks_along_row`` from each token's whole kv row;
-    or with ``kv_groups`` (affine groups) each head row rounded in groups, held in the model's dtype."""
+    or with ``kv_groups`` (affine groups) each head row rounded in groups, held in the model's dtype.
+
+    A windowed model's ``sinks`` S: positions below S stay visible to every later token. ``evicts``: a batch short
+    of free cells overwrites cells no later token of their sequence sees (llama.cpp's sliding-window cache without
+    ``swa_full``), oldest first, never a sink nor a sequence's last cell. ``removal_until_full``: a removal to the
+    end is refused once the sequence has held W tokens (a ring that cannot bring evicted cells back)."""
 
     def __init__(self, model: LlamaModel, cells: int, max_sequences: int, unified: bool, *,
                  shared_copies: bool = True, copy_into_nonempty: str = "merge", kv_dtype: str | None = None,
                  end_only_removal: bool = False, bounded_shifts: bool = True, blocks_along_row: bool = False,
                  kv_groups: StorageRule | None = None, numbers_positions: bool = False, grows: bool = False,
-                 micro_batch: int | None = None) -> None:
+                 micro_batch: int | None = None, sinks: int = 0, evicts: bool = False,
+                 removal_until_full: bool = False) -> None:
         if kv_dtype is not None and kv_dtype not in (*DTYPES, *BLOCK_FORMATS):
             raise InvalidModelConfig(f"kv_dtype must be one of {(*DTYPES, *BLOCK_FORMATS)}, got {kv_dtype!r}")
         if not (_is_int(cells) and _is_int(max_sequences)) or cells < 1 or max_sequences < 1 or (
@@ -269,6 +276,12 @@ class ModelContext:
         # a longer batch is computed in parts of this many tokens, each committed before the next (llama.cpp's
         # n_ubatch); a part without room undoes the parts before it
         self.micro_batch = micro_batch
+        if not _is_int(sinks) or sinks < 0:
+            raise InvalidModelConfig(f"sinks must be an int >= 0, got {sinks!r}")
+        self.sinks = int(sinks)
+        self.evicts = evicts and s.window is not None
+        self.removal_until_full = removal_until_full and s.window is not None
+        self.filled = np.zeros(max_sequences, dtype=bool)  # per sequence, since it was last empty
         streams = 1 if self.unified else max_sequences
         self.capacity = cells if self.unified else cells // max_sequences
         self.kv_blocks = kv_dtype if kv_dtype in BLOCK_FORMATS else None  # held as read back, in the model's dtype
@@ -341,22 +354,57 @@ class ModelContext:
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         """Copies of everything a decode writes (a growing context's larger arrays included)."""
-        return tuple(array.copy() for array in (self.keys, self.values, self.positions, self.tokens, self.members))
+        return tuple(array.copy() for array in (self.keys, self.values, self.positions, self.tokens, self.members,
+                                                self.filled))
 
     def _restore(self, kept: tuple[np.ndarray, ...]) -> None:
-        self.keys, self.values, self.positions, self.tokens, self.members = kept
+        self.keys, self.values, self.positions, self.tokens, self.members, self.filled = kept
         self.capacity = self.positions.shape[1]
+
+    def _evict_for(self, stream: int, needed: int) -> None:
+        """Free slots by overwriting, as llama.cpp's sliding-window cache does: a cell of one sequence that no later
+        token of it sees (below its next position's window, not a sink, not its last cell), oldest first, and with
+        it every cell of that sequence below (its positions stay contiguous). Too few: nothing is evicted."""
+        short = needed - len(self._free_slots(stream))
+        if not self.evicts or short <= 0:
+            return
+        window, members, positions = self.model.shape.window or 1, self.members[stream], self.positions[stream]
+        candidates = []
+        for seq in range(self.sequences):
+            mine = members[:, seq]
+            if not mine.any():
+                continue
+            top = int(positions[mine].max())
+            hidden = mine & (members.sum(axis=1) == 1) & (positions >= self.sinks) & (positions < top) & (
+                positions <= top + 1 - window)
+            candidates += [(int(positions[slot]), seq) for slot in np.flatnonzero(hidden)]
+        if len(candidates) < short:
+            return
+        for position, seq in sorted(candidates)[:short]:
+            below = members[:, seq] & (positions >= self.sinks) & (positions <= position)
+            self.members[stream, below, seq] = False
+            self.filled[seq] = True
+        self._release_empty()
+
+    def _mark_filled(self) -> None:
+        """A sequence holding W cells or more has filled its window."""
+        if self.model.shape.window is not None:
+            self.filled |= self.members.sum(axis=(0, 1)) >= self.model.shape.window
 
     def _decode_checked(self, tokens: np.ndarray, positions: np.ndarray, sequences: np.ndarray, named: np.ndarray,
                         wanted: np.ndarray) -> np.ndarray:
         """Decode a checked batch (or one part of it) into its sequences' cells; the wanted logits."""
         slots = np.empty(len(tokens), dtype=np.int64)
         streams = np.array([self.stream(seq) for seq in sequences], dtype=np.int64)
+        kept = self._arrays() if self.evicts else None  # a store that evicted before another was full: undone
         for stream in np.unique(streams):
             mine = np.flatnonzero(streams == stream)
             self._reserve(int(stream), len(mine))
+            self._evict_for(int(stream), len(mine))
             free = self._free_slots(stream)
             if len(mine) > len(free):
+                if kept is not None:
+                    self._restore(kept)
                 raise ContextFull(len(mine), len(free), "decoding the batch")
             slots[mine] = free[:len(mine)]
         model, s = self.model, self.model.shape
@@ -377,8 +425,9 @@ class ModelContext:
                 batch = ~(named[mine][:, None, :] & ~named[mine][None, :, :]).any(axis=2)  # [m, m]
                 visible = np.concatenate([held, batch], axis=1) & (cell_positions[None, :] <= positions[mine, None])
                 window = model.windows[layer]  # this layer's (None: a global layer)
-                if window is not None:
-                    visible &= positions[mine, None] - cell_positions[None, :] < window
+                if window is not None:  # within the window, or a sink
+                    visible &= (positions[mine, None] - cell_positions[None, :] < window) | (
+                        cell_positions[None, :] < self.sinks)
                 attended[mine] = model.attention(layer, q[mine], keys, values, visible)
             hidden = model.feed_forward(layer, hidden + attended)
         result = model.logits(hidden[wanted])
@@ -386,6 +435,7 @@ class ModelContext:
             self.keys[stream, :, slot], self.values[stream, :, slot] = new_keys[:, i], new_values[:, i]
             self.positions[stream, slot], self.tokens[stream, slot] = positions[i], tokens[i]
             self.members[stream, slot] = named[i]
+        self._mark_filled()
         return result
 
     def _as_stored(self, rows: np.ndarray) -> np.ndarray:
@@ -467,6 +517,7 @@ class ModelContext:
 
     def _release_empty(self) -> None:
         self.positions[~self.members.any(axis=2)] = -1
+        self.filled &= self.members.any(axis=(0, 1))  # an empty sequence starts anew
 
     def clear(self) -> None:
         self.members[:] = False
@@ -480,6 +531,12 @@ class ModelContext:
             if (held & (self.positions >= p1)).any():
                 raise SequenceOperationRefused("seq_remove", f"[{p0}, {p1}) would leave cells after it: removals "
                                                "to the end only")
+        # a removal to the end that leaves a cell (of every cell held it always succeeds) of a filled sequence
+        rings = [one for one in (range(self.sequences) if seq < 0 else (seq,)) if self.filled[one]
+                 and (self.members[..., one] & (self.positions < max(p0, 0))).any()]
+        if self.removal_until_full and p1 < 0 and rings:
+            raise SequenceOperationRefused("seq_remove", "a removal to the end of a sequence that has filled its "
+                                           "window: a ring cannot bring its evicted cells back")
         if seq < 0:
             self.members[chosen] = False
         else:
@@ -501,6 +558,7 @@ class ModelContext:
             if replacing:
                 self.remove(dst, -1, -1)
             self.members[source, picked, dst] = True
+            self._mark_filled()
             return
         self._reserve(target, len(picked))
         only_dst = self.members[target, :, dst] & (self.members[target].sum(axis=1) == 1)
@@ -512,6 +570,7 @@ class ModelContext:
         if replacing:
             self.remove(dst, -1, -1)
         self._write(target, dst, *cells)
+        self._mark_filled()
 
     def _write(self, stream: int, seq: int, positions: np.ndarray, tokens: np.ndarray, keys: np.ndarray,
                values: np.ndarray) -> None:
@@ -571,7 +630,8 @@ class ModelContext:
         stream = self.stream(seq)
         picked = np.flatnonzero(self.members[stream, :, seq])
         return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),
-                             self.keys[stream][:, picked].copy(), self.values[stream][:, picked].copy())
+                             self.keys[stream][:, picked].copy(), self.values[stream][:, picked].copy(),
+                             bool(self.filled[seq]))
 
     def load(self, seq: int, state: Any) -> None:
         self._check_seq("load_sequence", seq)
@@ -587,3 +647,5 @@ class ModelContext:
             raise ContextFull(len(state.positions), free, "loading the sequence")
         self.remove(seq, -1, -1)
         self._write(stream, seq, state.positions, state.tokens, state.keys, state.values)
+        self.filled[seq] = state.filled and len(state.positions) > 0
+        self._mark_filled()

@@ -72,7 +72,10 @@ class ModelReferenceMethods:
                             bounded_shifts=getattr(self, "bounded_shifts", True),
                             numbers_positions=self.model_policy.get("positions", "given") == "from_zero",
                             grows=self.model_policy.get("capacity", "fixed") == "grows",
-                            micro_batch=(getattr(self, "model_limits", None) or {}).get("micro_batch"))
+                            micro_batch=(getattr(self, "model_limits", None) or {}).get("micro_batch"),
+                            sinks=getattr(config, "sinks", 0),
+                            evicts=self.model_policy.get("window_cells", "all") == "visible",
+                            removal_until_full=self.model_policy.get("window_removal", "any") == "until_full")
 
     def context_cells(self, context: ModelContext) -> int:
         return context.capacity
@@ -335,3 +338,31 @@ class GeluTableModelAdapter(LowPrecisionModelAdapter):
 
 def make_gelu_table_model_adapter() -> GeluTableModelAdapter:
     return GeluTableModelAdapter()
+
+
+class WindowedStoreModelAdapter(ModelReferenceAdapter):
+    """The reference keeping, in a windowed model, only the cells the window can still see: a batch short of free
+    cells overwrites cells no later token of their sequence sees, oldest first, never a sink nor a sequence's last
+    cell (llama.cpp's sliding-window cache without ``swa_full``), and ``seq_pos_min`` reports what is held. It
+    declares ``window_cells: visible`` and keeps sink tokens (``attention_sinks``)."""
+
+    name = f"{ModelReferenceAdapter.name}[window cells visible]"
+    capabilities = ModelReferenceAdapter.capabilities | {"attention_sinks"}
+    model_policy: ClassVar[dict[str, Any]] = {**ModelReferenceMethods.model_policy, "window_cells": "visible"}
+
+
+def make_windowed_store_model_adapter() -> WindowedStoreModelAdapter:
+    return WindowedStoreModelAdapter()
+
+
+class RingModelAdapter(WindowedStoreModelAdapter):
+    """The windowed store that, once a sequence has held W tokens (or evicted one), refuses a removal to the end that
+    would leave cells of it, as a ring that cannot bring evicted cells back does; removing every cell it holds still
+    succeeds. It declares ``window_cells: visible`` and ``window_removal: until_full``."""
+
+    name = f"{ModelReferenceAdapter.name}[ring: removals to the end until full]"
+    model_policy: ClassVar[dict[str, Any]] = {**WindowedStoreModelAdapter.model_policy, "window_removal": "until_full"}
+
+
+def make_ring_model_adapter() -> RingModelAdapter:
+    return RingModelAdapter()

@@ -255,13 +255,20 @@ class Cell:
     keys: tuple[Vector, ...]
     values: tuple[Vector, ...]
     sequences: set[int] = field(default_factory=set)
+    # the sequences whose windowed store may have evicted this cell, unseen: a sequence holding a sink reports its
+    # sink as its smallest position, so its evictions behind the window are not observable (docs/spec.md §15.2)
+    uncertain: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, eq=False)
 class SavedSequence:
-    """What saving one sequence keeps: its cells' positions, tokens, keys and values, in store order."""
+    """What saving one sequence keeps: its cells' positions, tokens, keys and values, in store order; in a store that
+    evicts, the positions evicted from it and whether each cell may have been evicted unseen."""
 
     cells: tuple[tuple[int, int, tuple[Vector, ...], tuple[Vector, ...]], ...]
+    evicted: frozenset[int] = frozenset()
+    uncertain: tuple[bool, ...] = ()
+    filled: bool = False
 
 
 def open_range(p0: int, p1: int) -> tuple[int, float]:
@@ -279,10 +286,19 @@ class CellContext:
     cells, no room used) instead of duplicating them. ``copy_into_nonempty``: ``"merge"``, ``"replace"`` or
     ``"whole_only"`` (a range copy is then outside the declaration: an ``OracleInputError``). ``grows``: no
     capacity limit -- nothing is ever full, and ``capacity`` is only the cells the context was asked for.
+
+    ``evicts`` (a windowed model declared ``window_cells: visible``): a sequence's cells no later token of it can
+    see may be evicted by the engine, which reports it through ``seq_pos_min``; ``follow_eviction`` judges and
+    applies what it reports (evicted cells leave the sequence, their positions kept in ``evicted``). Room is then
+    the engine's: a batch, duplicating copy or load past the free cells sets ``may_be_full`` instead of refusing
+    (it may reuse evictable cells). ``reaches_evicted`` says whether an operation made an evicted position visible
+    again. (With a per-layer window pattern, eviction is of the windowed layers' store alone: a global layer's
+    store keeps the cell; the observable positions are then the windowed store's, as llama.cpp's iswa reports.)
     """
 
     def __init__(self, model: Model, config: ContextConfig, *, shared_copies: bool = True,
-                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None, grows: bool = False) -> None:
+                 copy_into_nonempty: str = MERGE, stream_cells: int | None = None, grows: bool = False,
+                 evicts: bool = False) -> None:
         if copy_into_nonempty not in (MERGE, REPLACE, WHOLE_ONLY):
             raise OracleInputError(f"copy_into_nonempty must be merge, replace or whole_only, "
                                    f"got {copy_into_nonempty!r}")
@@ -292,6 +308,10 @@ class CellContext:
         self.capacity = config.stream_cells if stream_cells is None else stream_cells  # cells of one store
         self.grows = grows
         self.stores: list[list[Cell]] = [[] for _ in range(1 if config.unified else config.max_sequences)]
+        self.evicts = evicts and model.config.window is not None
+        self.evicted: dict[int, set[int]] = {}  # per sequence, the positions its store evicted (known)
+        self.may_be_full = False  # set, not refused, by a call past the free cells of a store that evicts
+        self.filled: set[int] = set()  # the sequences that have held W tokens, or may have lost one to eviction
 
     # -- what is observable --
 
@@ -317,9 +337,107 @@ class CellContext:
         return self.capacity - len(store)
 
     def _room(self, store: list[Cell], needed: int, freed: int, what: str) -> None:
-        """Refuse ``full`` unless ``needed`` cells fit in the store's free ones and ``freed`` (never, growing)."""
+        """Refuse ``full`` unless ``needed`` cells fit in the store's free ones and ``freed`` (never, growing). A
+        store that evicts may make room by evicting: past its free cells the call may be full, or done."""
         if not self.grows and needed > self.free(store) + freed:
+            if self.evicts:
+                self.may_be_full = True
+                return
             raise ModelRefusal(FULL, f"{what} {needed} cells into a store with {self.free(store) + freed} free")
+
+    # -- windows: sinks and eviction --
+
+    def sees(self, query: int, position: int, layer: int | None = None) -> bool:
+        """Whether a token at ``query`` sees a cell of its sequence at ``position`` (in ``layer``; None: in a
+        windowed layer): at or before it, and within the window or a sink (positions below ``sinks``)."""
+        window = self.model.config.window if layer is None else self.model.config.layer_window(layer)
+        return position <= query and (window is None or query - position < window or position < self.config.sinks)
+
+    def hidden_for_good(self, seq: int, position: int) -> bool:
+        """Whether no later token of ``seq`` (at ``pos_max + 1`` or after) can see a cell at ``position``."""
+        window = self.model.config.window
+        return window is not None and self.config.sinks <= position <= self.pos_max(seq) + 1 - window
+
+    def evictable(self, seq: int) -> list[Cell]:
+        """``seq``'s cells its store may evict: hidden from every later token, never a sink nor its last cell."""
+        if not self.evicts:
+            return []
+        top = self.pos_max(seq)
+        return [c for c in self.cells_of(seq) if c.position < top and self.hidden_for_good(seq, c.position)]
+
+    def follow_eviction(self, seq: int, reported_min: int) -> str | None:
+        """The engine reports ``seq_pos_min(seq) = reported_min``: its cells below it were evicted. Legal (None
+        returned): each was evictable, or may have been evicted unseen; then they leave ``seq`` (their positions
+        kept in ``evicted``). Illegal: why (nothing changed)."""
+        cells = self.cells_of(seq)
+        if not cells or reported_min == self.pos_min(seq):
+            self._update_uncertain(seq)
+            return None
+        bound = float("inf") if reported_min < 0 else reported_min
+        allowed = {id(c) for c in self.evictable(seq)} | {id(c) for c in cells if seq in c.uncertain}
+        gone = [c for c in cells if c.position < bound]
+        seen = sorted(int(c.position) for c in gone if id(c) not in allowed)
+        if seen:
+            return (f"sequence {seq} reports seq_pos_min {reported_min}: its cells at {seen} are gone, but a later "
+                    f"token still sees them (or they are sinks, or its last cell)")
+        for cell in gone:
+            cell.sequences.discard(seq)
+            cell.uncertain.discard(seq)
+            self.evicted.setdefault(seq, set()).add(int(cell.position))
+        self.filled.add(seq)
+        store = self.store_of(seq)
+        store[:] = [cell for cell in store if cell.sequences]
+        self._update_uncertain(seq)
+        return None
+
+    def _update_uncertain(self, seq: int) -> None:
+        """A sequence holding a sink reports it as its smallest position: every cell its store may evict may be
+        gone unseen. Without one, ``seq_pos_min`` told what is held: nothing is uncertain."""
+        holds_sink = any(c.position < self.config.sinks for c in self.cells_of(seq))
+        evictable = {id(c) for c in self.evictable(seq)} if holds_sink else set()
+        for cell in self.cells_of(seq):
+            if id(cell) in evictable:
+                cell.uncertain.add(seq)
+            else:
+                cell.uncertain.discard(seq)
+        if evictable:
+            self.filled.add(seq)
+
+    def reaches_evicted(self) -> str | None:
+        """Whether a later token of some sequence would see a position its store evicted: ``"evicted"`` (known), or
+        ``"uncertain"`` (a cell that may have been evicted unseen); None: no."""
+        if not self.evicts:
+            return None
+        window = self.model.config.window or 0
+        found = None
+        for seq in range(self.config.max_sequences):
+            top = self.pos_max(seq)
+
+            def visible(position: int) -> bool:  # to some token at top + 1 or later
+                return position >= top + 2 - window or position < self.config.sinks
+
+            if any(seq in c.uncertain and visible(c.position) for c in self.cells_of(seq)):
+                return "uncertain"
+            if any(visible(p) for p in self.evicted.get(seq, ())):
+                found = "evicted"
+        return found
+
+    def has_filled(self, seq: int) -> bool:
+        """Whether ``seq`` has held ``W`` tokens at once since it was last empty, or may have lost a cell to
+        eviction (a ring that has wrapped)."""
+        return seq in self.filled
+
+    def _mark_filled(self) -> None:
+        window = self.model.config.window
+        if window is not None:
+            self.filled |= {seq for seq in range(self.config.max_sequences) if len(self.cells_of(seq)) >= window}
+
+    def _forget_evicted(self) -> None:
+        """An empty sequence starts anew: nothing of it is evicted, its window not filled."""
+        for seq in list(self.evicted):
+            if not self.evicted[seq] or self.pos_max(seq) < 0:
+                del self.evicted[seq]
+        self.filled = {seq for seq in self.filled if self.pos_max(seq) >= 0}
 
     # -- decoding --
 
@@ -349,20 +467,19 @@ class CellContext:
             hidden = [model.feed_forward(layer, h) for h in hidden]
         for i, cell in enumerate(cells):
             self.store_of(batch.sequences_of(i)[0]).append(cell)
+        self._mark_filled()
         wanted = [model.logits(hidden[i]) for i in range(count) if batch.logits[i]]
         rounded = [[numbers.to_float(v) for v in row] for row in wanted]
         return np.array(rounded, dtype=np.float64).reshape(len(wanted), model.config.vocab)
 
     def _seen(self, seqs: frozenset[int], position: int, batch_cells: list[Cell], layer: int) -> list[Cell]:
         """The cells a query of the sequences ``seqs`` (one, or several sharing a token) at ``position`` attends in
-        ``layer`` (within that layer's window): held ones every one of them holds, then the batch's (whose keys and
-        values of the current layer are in by then)."""
-        window = self.model.config.layer_window(layer)
+        ``layer`` (within that layer's window, and its sinks): held ones every one of them holds, then the batch's
+        (whose keys and values of the current layer are in by then)."""
         first = min(seqs)
         candidates = [*(c for c in self.cells_of(first) if seqs <= c.sequences),
                       *(c for c in batch_cells if seqs <= c.sequences)]
-        return [c for c in candidates
-                if c.position <= position and (window is None or position - c.position < window)]
+        return [c for c in candidates if self.sees(position, c.position, layer)]
 
     def _check_batch(self, batch: ModelBatch) -> None:
         """Refuse a malformed batch, then one without room; nothing is computed before both pass."""
@@ -403,6 +520,8 @@ class CellContext:
     def clear(self) -> None:
         for store in self.stores:
             store.clear()
+        self.evicted.clear()
+        self.filled.clear()
 
     def remove(self, seq: int, p0: int, p1: int) -> None:
         """``seq``'s cells at positions in the range leave it (``seq < 0``: every sequence's); a cell no
@@ -413,7 +532,12 @@ class CellContext:
             for cell in store:
                 if low <= cell.position < high:
                     cell.sequences = set() if seq < 0 else cell.sequences - {seq}
+                    cell.uncertain &= cell.sequences
             store[:] = [cell for cell in store if cell.sequences]
+        for one, positions in self.evicted.items():  # an evicted position in the range is removed as well
+            if seq < 0 or one == seq:
+                positions -= {p for p in positions if low <= p < high}
+        self._forget_evicted()
 
     def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         """``src``'s cells in the range join ``dst``: the same cells (shared copies) or duplicates in
@@ -435,10 +559,17 @@ class CellContext:
         if replacing:
             self.remove(dst, -1, -1)
         for cell in copied:
+            unseen = {dst} if src in cell.uncertain else set()
             if self.shared_copies:
                 cell.sequences.add(dst)
+                cell.uncertain |= unseen
             else:
-                self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}))
+                self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}, unseen))
+        evicted = {p for p in self.evicted.get(src, ()) if low <= p < high}  # what the copy lacks, dst lacks too
+        if evicted:
+            self.evicted.setdefault(dst, set()).update(evicted)
+        self._forget_evicted()
+        self._mark_filled()
 
     def keep(self, seq: int) -> None:
         """Every cell not of ``seq`` is freed; ``seq``'s cells belong to ``seq`` alone."""
@@ -446,7 +577,10 @@ class CellContext:
         for store in self.stores:
             for cell in store:
                 cell.sequences = cell.sequences & {seq}
+                cell.uncertain &= cell.sequences
             store[:] = [cell for cell in store if cell.sequences]
+        self.evicted = {one: positions for one, positions in self.evicted.items() if one == seq}
+        self._forget_evicted()
 
     def shift(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """``delta`` added to the positions of ``seq``'s cells in the range (of every sequence sharing such a
@@ -467,7 +601,12 @@ class CellContext:
             cell.position += delta
             if cell.position < 0:
                 cell.sequences = set()
+                cell.uncertain = set()
         store[:] = [cell for cell in store if cell.sequences]
+        if seq in self.evicted:  # an evicted position moves as its cell would have
+            moved_to = {p + delta if low <= p < high else p for p in self.evicted[seq]}
+            self.evicted[seq] = {p for p in moved_to if p >= 0}
+        self._forget_evicted()
 
     def divide(self, seq: int, p0: int, p1: int, d: int) -> None:
         """Positions ``p`` of ``seq``'s cells in the range become ``p // d`` (``d >= 1``)."""
@@ -478,11 +617,16 @@ class CellContext:
         for cell in self.store_of(seq):
             if seq in cell.sequences and low <= cell.position < high:
                 cell.position //= d
+        if seq in self.evicted:
+            self.evicted[seq] = {p // d if low <= p < high else p for p in self.evicted[seq]}
 
     def save(self, seq: int) -> SavedSequence:
         """``seq``'s cells as they are now, self-contained: nothing done to this context later changes them."""
         self._check_sequence(seq)
-        return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in self.cells_of(seq)))
+        cells = self.cells_of(seq)
+        return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in cells),
+                             frozenset(self.evicted.get(seq, ())), tuple(seq in c.uncertain for c in cells),
+                             seq in self.filled)
 
     def load(self, seq: int, saved: SavedSequence) -> None:
         """``seq`` holds exactly the saved cells, its own removed first (their cells count as free)."""
@@ -490,7 +634,14 @@ class CellContext:
         store = self.store_of(seq)
         self._room(store, len(saved.cells), self.own_cells(seq), "loading")
         self.remove(seq, -1, -1)
-        store.extend(Cell(position, token, keys, values, {seq}) for position, token, keys, values in saved.cells)
+        unseen = saved.uncertain or (False,) * len(saved.cells)
+        store.extend(Cell(position, token, keys, values, {seq}, {seq} if maybe else set())
+                     for (position, token, keys, values), maybe in zip(saved.cells, unseen))
+        if saved.evicted and saved.cells:
+            self.evicted[seq] = set(saved.evicted)
+        if saved.filled and saved.cells:
+            self.filled.add(seq)
+        self._mark_filled()
 
     def _check_sequence(self, seq: Any, *, any_allowed: bool = False) -> None:
         if not _is_int(seq) or seq >= self.config.max_sequences or (seq < 0 and not any_allowed):

@@ -309,10 +309,15 @@ class ContextConfig:
     cells: int = 16
     max_sequences: int = 2
     unified: bool = True
+    # kept sink tokens S (StreamingLLM): in a windowed model a token also sees its sequence's cells at positions < S,
+    # and a store that evicts never evicts them (docs/spec.md §15.2); 0: none
+    sinks: int = 0
 
     def __post_init__(self) -> None:
         if not (_is_count(self.cells) and _is_count(self.max_sequences)) or not isinstance(self.unified, bool):
             raise OracleInputError(f"a context needs ints cells, max_sequences >= 1 and a bool unified; got {self}")
+        if not _is_count(self.sinks, 0):
+            raise OracleInputError(f"sinks must be an int >= 0, got {self.sinks!r}")
         if not self.unified and self.cells < self.max_sequences:
             raise OracleInputError(f"{self.cells} cells cannot give each of {self.max_sequences} sequences one")
 

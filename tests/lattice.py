@@ -46,17 +46,22 @@ from impl.model_conformance import (
     LowPrecisionModelAdapter,
     ModelReferenceAdapter,
     PositionsFromZeroModelAdapter,
+    RingModelAdapter,
+    WindowedStoreModelAdapter,
     make_end_only_removal_model_adapter,
     make_float32_norm_model_adapter,
     make_gelu_table_model_adapter,
     make_gemma3_model_adapter,
     make_growing_model_adapter,
     make_micro_batch_model_adapter,
+    make_model_adapter,
     make_positions_from_zero_model_adapter,
+    make_ring_model_adapter,
     make_swa_pattern_6_model_adapter,
     make_uint4_extreme_model_adapter,
     make_uint4_groups_model_adapter,
     make_unbounded_shift_model_adapter,
+    make_windowed_store_model_adapter,
 )
 from impl.paged_cache import PoolState
 from impl.storage import StorageRule
@@ -506,6 +511,30 @@ MODEL_VARIANTS |= {
         "model-float32-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, make_gelu_table_model_adapter(),
         layer_caches=False, dtype="float32", kv_storage="float16", model_limits=GEMMA3, activation_table="float16"),
 }
+# -- windowed stores (docs/spec.md §15.2, §15.4, §15.7): eviction, rings, kept sink tokens --
+SINKS = {"attention_sinks"}
+
+
+class IgnoresSinks(ModelReferenceAdapter):
+    """Handed kept sink tokens, computes as if it were handed none: past its window a token no longer sees them."""
+
+    def create_context(self, model: Any, config: Any) -> ModelContext:
+        return super().create_context(model, dataclasses.replace(config, sinks=0))
+
+
+MODEL_VARIANTS.update({
+    # keeps only the cells its window still sees, evicting lazily (llama.cpp's SWA cache without swa_full)
+    "model-window-cells-visible": lambda: Declared(
+        "model-window-cells-visible", MODEL_ONLY | SINKS, make_windowed_store_model_adapter(), layer_caches=False,
+        model_policy=WindowedStoreModelAdapter.model_policy),
+    # and refuses a removal to the end once a sequence has held W tokens (a ring)
+    "model-window-removal-until-full": lambda: Declared(
+        "model-window-removal-until-full", MODEL_ONLY | SINKS, make_ring_model_adapter(), layer_caches=False,
+        model_policy=RingModelAdapter.model_policy),
+    # keeps sink tokens, every cell kept
+    "model-attention-sinks": lambda: Declared("model-attention-sinks", MODEL_ONLY | SINKS, make_model_adapter(),
+                                              layer_caches=False),
+})
 MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     # uniform windows claiming interleaved_windows: a global layer windowed, a local base ignored
     "model-uniform-windows-claims-interleaved": (lambda: Declared(
@@ -519,6 +548,17 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-llama-only-claims-gemma3": (lambda: Declared(
         "twin-llama-only", MODEL_ONLY | INTERLEAVED, LlamaOnly(), layer_caches=False, model_limits=GEMMA3),
         "model", {}, ""),
+    # evicts, declaring every cell kept: seq_pos_min moves up (wrong positions), or a batch the reference calls
+    # full is done
+    "model-window-cells-visible-claims-all": (lambda: Declared(
+        "twin-window-cells-visible", MODEL_ONLY | SINKS, make_windowed_store_model_adapter(), layer_caches=False,
+        model_policy=ModelReferenceAdapter.model_policy), "model", {}, ""),
+    "model-window-removal-until-full-undeclared": (lambda: Declared(
+        "twin-window-removal-until-full", MODEL_ONLY | SINKS, make_ring_model_adapter(), layer_caches=False,
+        model_policy=WindowedStoreModelAdapter.model_policy), "model", {}, "expected success, got refused"),
+    # declares attention_sinks, but ignores the sinks it is handed: logits past 1e-12
+    "model-attention-sinks-ignored": (lambda: Declared(
+        "twin-attention-sinks-ignored", MODEL_ONLY | SINKS, IgnoresSinks(), layer_caches=False), "model", {}, ""),
     **{f"model-{name}-undeclared": (lambda name=name, policy=policy: Declared(
         f"twin-model-{name}", REFERENCE, _model(policy), model_policy=ReferenceAdapter.model_policy), "model", {}, "")
        for name, policy in MODEL_POLICIES.items()},

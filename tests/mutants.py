@@ -871,7 +871,8 @@ MODEL_MUTANTS = (
     Mutant("model_saved_state_reads_the_live_context", "model.py",
            (("        return SequenceState(self.positions[stream, picked].copy(), self.tokens[stream, picked].copy(),\n"
              "                             self.keys[stream][:, picked].copy(), "
-             "self.values[stream][:, picked].copy())\n",
+             "self.values[stream][:, picked].copy(),\n"
+             "                             bool(self.filled[seq]))\n",
              "        context = self\n\n"
              "        class Live(SequenceState):  # the saved slots, read from this context when loaded\n"
              "            def __init__(self) -> None:\n"
@@ -944,6 +945,45 @@ MODEL_MUTANTS = (
              "        self.members = np.zeros_like(widened(self.members, 1, False))\n"),),
            "grows by allocating larger stores, but not the table of which sequences hold each cell: every cell held "
            "is freed", "model", factory="make_growing_adapter"),
+    # behind the reference keeping only the cells its window can still see (window_cells: visible; docs/spec.md
+    # §15.2), with kept sink tokens (attention_sinks)
+    Mutant("model_evicts_a_cell_still_seen", "model.py",
+           (("positions <= top + 1 - window)", "positions <= top + 2 - window)"),),
+           "declares window_cells visible, but overwrites the oldest cell its sequence's next token still sees",
+           "model", factory="model_conformance:make_windowed_store_model_adapter"),
+    Mutant("model_eviction_frees_the_cell_for_every_sequence", "model.py",
+           (("            self.members[stream, below, seq] = False\n",
+             "            self.members[stream, below] = False\n"),),
+           "declares window_cells visible, but evicting a cell from one sequence frees it for every sequence sharing "
+           "it, also where the others still see it", "model",
+           factory="model_conformance:make_windowed_store_model_adapter"),
+    Mutant("model_evicts_the_sinks", "model.py",
+           (("mine & (members.sum(axis=1) == 1) & (positions >= self.sinks) & (positions < top)",
+             "mine & (members.sum(axis=1) == 1) & (positions < top)"),
+            ("            below = members[:, seq] & (positions >= self.sinks) & (positions <= position)\n",
+             "            below = members[:, seq] & (positions <= position)\n")),
+           "keeps its sink tokens visible, but evicts them as the oldest cells once its store is full", "model",
+           factory="model_conformance:make_windowed_store_model_adapter"),
+    Mutant("model_sinks_lost_in_a_chunk", "model.py",
+           (("cell_positions[None, :] < self.sinks)", "cell_positions[None, :] < (self.sinks if len(mine) == 1 "
+             "else 0))"),),
+           "keeps sink tokens, but a batch of two or more tokens sees them only within its window (the second "
+           "engine's ring, masking a chunk by slot)", "model",
+           factory="model_conformance:make_windowed_store_model_adapter"),
+    Mutant("model_sinks_one_too_many", "model.py",
+           (("cell_positions[None, :] < self.sinks)", "cell_positions[None, :] <= self.sinks)"),),
+           "keeps S sink tokens, but every later token sees S + 1 (position S as a sink too)", "model",
+           factory="model_conformance:make_windowed_store_model_adapter"),
+    # behind the ring refusing removals to the end once full (window_removal: until_full)
+    Mutant("model_ring_refuses_removing_every_cell", "model.py",
+           (("and (self.members[..., one] & (self.positions < max(p0, 0))).any()]", "]"),),
+           "declares window_removal until_full, but once full also refuses to remove every cell of the sequence",
+           "model", factory="model_conformance:make_ring_model_adapter"),
+    Mutant("model_ring_full_a_token_early", "model.py",
+           (("self.filled |= self.members.sum(axis=(0, 1)) >= self.model.shape.window",
+             "self.filled |= self.members.sum(axis=(0, 1)) >= self.model.shape.window - 1"),),
+           "declares window_removal until_full, but refuses removals to the end from W - 1 tokens held", "model",
+           factory="model_conformance:make_ring_model_adapter", examples=200),  # W - 1 tokens exactly, W >= 3
 )
 # -- the widened model (docs/spec.md §15.1, issue 37): per-layer windows, a local RoPE base, Gemma 3's switches --
 WIDENED_MODEL_MUTANTS = (

@@ -42,6 +42,9 @@ MOST = 0.25  # no rule's share of the steps above this, under dev or thorough (t
 # drawn only under a declaration the adapter of these runs does not make (model_limits micro_batch: its floor is
 # tests/test_model_strategies.py's)
 NOT_DECLARED = {"batch_across_micro_batches"}
+# run only for a windowed model, half of those drawn here: their floor is tests/test_model_windows.py's, under an
+# adapter whose stores evict (three models in four windowed)
+WINDOWED = {"outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window"}
 
 
 def exercised(profile: str, examples: int) -> tuple[Counter[tuple[str, str]], Counter[str]]:
@@ -73,6 +76,6 @@ def test_no_rule_takes_most_of_a_run_and_each_keeps_its_floor(profile: str, exam
     assert max(shares.values()) <= MOST, sorted(shares.items(), key=lambda item: -item[1])[:4]
     if profile != "dev":  # the floors are stated for the default profile's runs
         return
-    rules = {name for name, spec in ModelMachine.specs().items() if spec.kind == "rule"} - NOT_DECLARED
+    rules = {name for name, spec in ModelMachine.specs().items() if spec.kind == "rule"} - NOT_DECLARED - WINDOWED
     thin = {rule: round(shares.get(rule, 0.0), 4) for rule in rules if shares.get(rule, 0.0) < FLOOR}
     assert not thin, thin

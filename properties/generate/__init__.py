@@ -74,7 +74,7 @@ from .layers import (
     weight_updates,
 )
 from .layouts import ORDERS, layout_of, same_layout_copy, with_layout
-from .models import context_configs, model_configs
+from .models import context_configs, context_sinks, model_configs
 
 __all__ = [
     "FAMILIES",
@@ -108,6 +108,7 @@ __all__ = [
     "bounded_arrays",
     "chunks",
     "context_configs",
+    "context_sinks",
     "decoder_configs",
     "family_name",
     "geometries",

@@ -28,12 +28,14 @@ def _bounded(upper: int, limit: int | None) -> int:
 
 
 @st.composite
-def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits) -> ModelConfig:
+def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLimits, *,
+                  windowed_stores: bool = False) -> ModelConfig:
     """A tiny model: vocab 2-12, 1-2 layers, 1-2 kv heads times a group of 1-2 (GQA only if declared), head
     width the narrowest two of 2, 4, 32, 64 within the limits (a ``head_width_multiple`` is honoured; with a
     ``kv_width_multiple``, of 2, 4, 16, 32, 64 and with kv heads that make whole kv rows of it), model
     width 2-8 (a multiple of the heads where ``model_width_divisible_by_heads``), FFN 2-8, a declared RoPE
-    pairing, a window only if ``sliding_window`` is declared, tied or untied.
+    pairing, a window only if ``sliding_window`` is declared (three in four for an adapter whose stores evict,
+    ``windowed_stores``), tied or untied.
 
     Widened only for an adapter declaring more (a Llama-only adapter's draws are as before): an architecture among
     ``model_limits`` ``architectures`` (``gemma3``: every Gemma switch on, RoPE ``half_split``); with
@@ -64,8 +66,11 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     group = draw(st.integers(1, max(1, min(groups, most_heads // kv_heads))), label="group")
     heads = kv_heads * group
     window = None
-    if Capability.SLIDING_WINDOW.value in capabilities and draw(st.booleans(), label="windowed"):
-        window = draw(st.integers(1, 4), label="window")
+    # a store that evicts is met only in a windowed model: three in four are, for such an adapter
+    if Capability.SLIDING_WINDOW.value in capabilities and draw(
+            st.sampled_from((False, True, True, True)) if windowed_stores else st.booleans(), label="windowed"):
+        # a store that evicts brings an evicted cell back into view by a removal only where W >= 3: those first
+        window = draw(st.sampled_from((3, 4, 2, 1)) if windowed_stores else st.integers(1, 4), label="window")
     fewest = max(2, limits.min_vocab or 2)
     vocab = draw(st.integers(fewest, max(fewest, _bounded(12, limits.max_vocab))), label="vocab")
     if limits.model_width_divisible_by_heads:
@@ -121,6 +126,17 @@ def context_configs(draw: st.DrawFn, policy: ModelPolicy, limits: ModelLimits) -
     sequences = draw(st.integers(min(2, most), most), label="sequences")
     cells = draw(st.integers(*context_cells(unified, sequences, limits)), label="cells")
     return ContextConfig(cells=cells, max_sequences=sequences, unified=unified)
+
+
+SINKS = (0, 1, 2)  # kept sink tokens drawn for an adapter declaring attention_sinks (docs/spec.md §15.2)
+
+
+def context_sinks(capabilities: frozenset[str], config: ModelConfig) -> st.SearchStrategy[int]:
+    """The kept sink tokens of a context: 0, 1 or 2 for a windowed model of an adapter declaring
+    ``attention_sinks``; none for any other (it is never handed sinks)."""
+    if Capability.ATTENTION_SINKS.value in capabilities and config.window is not None:
+        return st.sampled_from(SINKS)
+    return st.just(0)
 
 
 def model_requirements(config: ModelConfig) -> set[str]:

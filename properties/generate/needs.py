@@ -89,6 +89,8 @@ DECLARATIONS: dict[str, Declaration] = {
                                           lambda recorded, here: recorded in (here, "from_zero")),
     # room judged against context_cells, or none: the chains that fill a store draw otherwise
     "model_policy.capacity": Declaration(lambda a: ModelPolicy.of(a).capacity),
+    # a store that evicts draws windowed models more often
+    "model_policy.window_cells": Declaration(lambda a: ModelPolicy.of(a).window_cells),
     "dtype": Declaration(declared_dtype),
     "mixed_precision": Declaration(lambda a: declared_precision(a)[1]),
     "storage": Declaration(_storage),

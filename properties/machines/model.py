@@ -48,6 +48,7 @@ MALFORMATIONS = ("token out of the vocabulary", "positions not consecutive", "un
                  "unknown sequence among several")  # the last: a token of several sequences, one not the context's
 POSITIONS = "model_policy.positions"  # every program's starts and malformations are drawn under it
 CAPACITY = "model_policy.capacity"  # and its fills and batches past the room
+WINDOW_CELLS = "model_policy.window_cells"  # and how often its model is windowed
 RANGES = ("all", "to the end", "from the start", "in the middle")
 OPEN_ENDS = (-1, -2, -7)  # any negative end of a range is open (docs/spec.md §15.4), not -1 alone
 INTS = {"int": int, "numpy.int64": np.int64, "numpy.int32": np.int32}  # a batch's ids and positions (§15.3)
@@ -64,6 +65,12 @@ LOAD_PLACES = ("the same sequence", "another sequence", "a fresh context", "cell
 # sequence where the saved one was (the first sequence's store, say) shows only there, and a load needs a save before
 # it in the same program.
 SAVES = ("a save", "a save, then a load of it under another id")
+# what a sequence that outgrew its window undergoes, each where declared (the last two need another sequence)
+WINDOW_CHANGES = (("remove to the end", Capability.SEQ_REMOVE), ("remove in the middle", Capability.SEQ_REMOVE),
+                  ("last cells shifted back", Capability.SEQ_SHIFT), ("divided", Capability.SEQ_DIVIDE),
+                  ("copied into another", Capability.SEQ_COPY),
+                  ("saved, loaded under another id", Capability.SEQ_STATE))
+WINDOW_CHANGES_TO_ANOTHER = ("copied into another", "saved, loaded under another id")
 
 
 class ModelMachine(ConformanceMachine):
@@ -85,16 +92,23 @@ class ModelMachine(ConformanceMachine):
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    @initialize(data=st.data(), relies_on=[POSITIONS, CAPACITY])
+    @initialize(data=st.data(), relies_on=[POSITIONS, CAPACITY, WINDOW_CELLS])
     def build_model_and_context(self, data: Draws) -> None:
-        """A tiny model of a declared RoPE pairing, and a context of a declared kind."""
-        self.config = data.draw(g.model_configs(self.capabilities, self.model_limits), label="model")
+        """A tiny model of a declared RoPE pairing, and a context of a declared kind (with 0-2 kept sink tokens, for
+        a windowed model, where ``attention_sinks`` is declared)."""
+        self.config = data.draw(g.model_configs(self.capabilities, self.model_limits,
+                                                windowed_stores=self.policy.window_cells == "visible"), label="model")
         self.weights = random_model_weights(self.config, data.draw(st.integers(0, 2**32 - 1), label="seed"))
         self.context_config = data.draw(g.context_configs(self.policy, self.model_limits), label="context")
+        sinks = data.optional(g.context_sinks(self.capabilities, self.config), "sinks", 0)
+        self.context_config = dataclasses.replace(self.context_config, sinks=sinks)
         kind = "unified" if self.context_config.unified else "per_sequence"
+        unsunk = None if not sinks or self.has(Capability.ATTENTION_SINKS) else (
+            f"{sinks} kept sink tokens, but attention_sinks is not declared")
+        unkind = None if kind in self.policy.contexts else (
+            f"a {kind} context, but model_policy contexts are {sorted(self.policy.contexts)}")
         outside = self.model_limits.model_problem(self.config) or self.model_limits.context_problem(
-            self.context_config) or (None if kind in self.policy.contexts else
-                                     f"a {kind} context, but model_policy contexts are {sorted(self.policy.contexts)}")
+            self.context_config) or unkind or unsunk
         if outside is not None:  # only a replayed trace gives one: live draws stay within the declarations
             raise NotApplicable(f"the recorded model and context are outside what {self.adapter.name} declares: "
                                 f"{outside}")
@@ -123,8 +137,8 @@ class ModelMachine(ConformanceMachine):
         self.tape.observe("context cells", cells)  # what is past the room depends on it: replay compares it
         copy = self.policy.copy_into_nonempty(config.unified)
         self.oracles = [CellContext(model, config, shared_copies=self.policy.shared_copies, copy_into_nonempty=copy,
-                                    stream_cells=config.stream_cells if self.grows else cells, grows=self.grows)
-                        for model in self.oracle_models]
+                                    stream_cells=config.stream_cells if self.grows else cells, grows=self.grows,
+                                    evicts=self.evicting) for model in self.oracle_models]
         # a shift or divide since the last decode: an engine that moves keys lazily (llama.cpp's K-shift, applied
         # at the next decode) still has it to apply
         self.move_pending = False
@@ -137,6 +151,11 @@ class ModelMachine(ConformanceMachine):
     def grows(self) -> bool:
         """No capacity limit (``capacity: grows``): the cells a context was asked for are only what it starts with."""
         return self.policy.capacity == "grows"
+
+    @property
+    def evicting(self) -> bool:
+        """A windowed model whose stores keep only what the window can still see (``window_cells: visible``)."""
+        return self.policy.window_cells == "visible" and self.config.window is not None
 
     @property
     def whole_copies_only(self) -> bool:
@@ -154,16 +173,18 @@ class ModelMachine(ConformanceMachine):
                 self.context, seq))
         return seen
 
-    def _snapshot(self) -> list[list[list[tuple[Any, int, frozenset[int]]]]]:
-        return [[[(cell, cell.position, frozenset(cell.sequences)) for cell in store] for store in oracle.stores]
+    def _snapshot(self) -> list[Any]:
+        return [([[(cell, cell.position, frozenset(cell.sequences), frozenset(cell.uncertain)) for cell in store]
+                  for store in oracle.stores], {seq: set(p) for seq, p in oracle.evicted.items()}, set(oracle.filled))
                 for oracle in self.oracles]
 
-    def _restore(self, snapshot: list[list[list[tuple[Any, int, frozenset[int]]]]]) -> None:
-        for oracle, stores in zip(self.oracles, snapshot):
+    def _restore(self, snapshot: list[Any]) -> None:
+        for oracle, (stores, evicted, filled) in zip(self.oracles, snapshot):
             for store in stores:
-                for cell, position, sequences in store:
-                    cell.position, cell.sequences = position, set(sequences)
-            oracle.stores = [[cell for cell, _, _ in store] for store in stores]
+                for cell, position, sequences, uncertain in store:
+                    cell.position, cell.sequences, cell.uncertain = position, set(sequences), set(uncertain)
+            oracle.stores = [[cell for cell, _, _, _ in store] for store in stores]
+            oracle.evicted, oracle.filled = evicted, filled
 
     def _operation(self, what: str, on_oracle: Any, action: Any, *, inputs: Inputs | None = None,
                    may_refuse: ErrorKind | None = None, **details: Any) -> tuple[Judged, list[Any] | None]:
@@ -173,9 +194,13 @@ class ModelMachine(ConformanceMachine):
         __tracebackhide__ = True
         snapshot = self._snapshot()
         results: list[Any] | None
+        for oracle in self.oracles:
+            oracle.may_be_full = False
+        reach = None
         try:
             results = [on_oracle(oracle) for oracle in self.oracles]
-            due = VALID if may_refuse is None else Due(may_refuse=may_refuse)
+            reach = self.oracles[0].reaches_evicted()
+            due = self._windowed_due(may_refuse, reach)
         except ModelRefusal as refusal:  # outside the model: not judged but by §5.1
             results = None
             due = Due.outside(ErrorKind.REFUSED) if refusal.kind == OUTSIDE else Due.check(KINDS[refusal.kind])
@@ -184,7 +209,44 @@ class ModelMachine(ConformanceMachine):
         if judged.refused and results is not None:
             self._restore(snapshot)
             results = None
+            if reach is not None:
+                self.exercised("refused for an evicted cell")
+        if results is not None and judged.to_judge:
+            self._follow_evictions(what)
         return judged, results
+
+    # -- windowed stores (model_policy window_cells, window_removal; sinks): docs/spec.md §15.2, §15.4 --
+
+    def _windowed_due(self, may_refuse: ErrorKind | None, reach: str | None) -> Due:
+        """What a valid call is due in a store that evicts, the oracle having done it over what is held: past the
+        free cells it may be full (the engine may or may not make room by evicting); after it, if a later token
+        would see a position evicted, it may be refused (an engine cannot bring an evicted cell back), and done,
+        it is judged over what is held; if that position may have been evicted unseen (behind a sink), the call is
+        outside what is judged (§5.1 only). Two refusals at once are not judged but by §5.1 either."""
+        short = ErrorKind.FULL if self.oracles[0].may_be_full else None
+        evicted = ErrorKind.REFUSED if reach else None
+        kinds = {kind for kind in (may_refuse, short, evicted) if kind is not None}
+        if reach == "uncertain" or len(kinds) > 1:
+            return Due.outside(ErrorKind.REFUSED)
+        return VALID if not kinds else Due(may_refuse=kinds.pop())
+
+    def _follow_evictions(self, what: str) -> None:
+        """After a call done, each sequence's ``seq_pos_min`` says what its store evicted: judged legal (only cells no
+        later token sees, oldest first, never a sink nor the last cell), then the oracle follows it."""
+        if not self.evicting:
+            return
+        for seq in range(self.sequences):
+            reported = self.must("seq_pos_min", lambda: self.adapter.seq_pos_min(self.context, seq))
+            if not isinstance(reported, (int, np.integer)) or isinstance(reported, bool):
+                return  # the invariant reports it
+            before = len(self.oracles[0].evicted.get(seq, ()))
+            for oracle in self.oracles:
+                problem = oracle.follow_eviction(seq, int(reported))
+                if problem is not None:
+                    raise NonConformance(f"after {what}: {problem}", kind="evicted a cell still seen",
+                                         check="eviction")
+            if len(self.oracles[0].evicted.get(seq, ())) > before:
+                self.exercised("window outgrown")
 
     # -- batches ---------------------------------------------------------------------------------------------
 
@@ -219,6 +281,7 @@ class ModelMachine(ConformanceMachine):
         """Decode ``batch``: the oracle's logits of every token asked for, or the oracle's refusal."""
         handed = Inputs()
         given = handed("batch", batch)
+        met = self._window_cases(batch)
         judged, results = self._operation(what, lambda oracle: oracle.decode(batch),
                                           lambda: self.adapter.decode_batch(self.context, given), inputs=handed,
                                           tokens=list(batch.tokens), positions=list(batch.positions),
@@ -228,6 +291,8 @@ class ModelMachine(ConformanceMachine):
         self.move_pending = False
         if not judged.to_judge:
             return
+        for case in met:
+            self.exercised(case)
         expected, tolerance = self.judge.bound(Reference(results[0], results[1] if len(results) > 1 else None),
                                                lambda logits: logits)
         self.judge.close(judged.value, expected, tolerance, what=f"{what}: logits", check="logits",
@@ -448,7 +513,17 @@ class ModelMachine(ConformanceMachine):
             held = range(self.sequences) if seq < 0 else (seq,)
             if p1 >= 0 and any(self.oracles[0].pos_max(s) >= p1 for s in held):
                 return ErrorKind.REFUSED
+        if operation == "remove" and self.policy.window_removal == "until_full":
+            return self._ring_may_refuse(arguments["seq"], arguments["p0"], arguments["p1"])
         return None
+
+    def _ring_may_refuse(self, seq: int, p0: int, p1: int) -> ErrorKind | None:
+        """``window_removal: until_full``: a removal to the end that leaves a cell of a sequence that has held W tokens
+        (or may have evicted one) may be refused; one of every cell held must succeed."""
+        oracle = self.oracles[0]
+        rings = [s for s in (range(self.sequences) if seq < 0 else (seq,)) if oracle.has_filled(s)
+                 and any(c.position < max(p0, 0) for c in oracle.cells_of(s))]
+        return ErrorKind.REFUSED if p1 < 0 and rings else None
 
     @rule(data=st.data(), requires=[Capability.SEQ_REMOVE])
     def remove(self, data: Draws) -> None:
@@ -848,6 +923,152 @@ class ModelMachine(ConformanceMachine):
         offered = {"keep": Capability.SEQ_KEEP, "shift": Capability.SEQ_SHIFT, "divide": Capability.SEQ_DIVIDE,
                    "divide by 0": Capability.SEQ_DIVIDE}
         return [name for name, capability in offered.items() if self.has(capability)]
+
+    # -- windowed stores, on purpose: a sequence outgrowing its window, then an operation that may need a cell its
+    # store evicted; sinks kept past a wrapped ring (docs/spec.md §15.2, §15.4) --
+
+    def _window_cases(self, batch: ModelBatch) -> list[str]:
+        """The window edges a batch meets: a chunk of two or more tokens of a sequence holding a sink, decoded once it
+        has held S + W tokens (a ring of W + S slots has wrapped; the sink is seen only as a sink)."""
+        window, sinks = self.config.window, self.context_config.sinks
+        if window is None or not sinks:
+            return []
+        oracle = self.oracles[0]
+        named = [s for s in batch.sequences if isinstance(s, int) and 0 <= s < self.sequences]
+        return ["sink kept past a wrap" for seq in sorted(set(named)) if named.count(seq) >= 2
+                and any(c.position < sinks for c in oracle.cells_of(seq)) and oracle.pos_max(seq) + 1 >= sinks + window]
+
+    def _outgrow(self, data: Draws, seq: int) -> None:
+        """``seq`` decoded past its window and, where its store has a room, past it by a token or two (a store that
+        evicts lazily, as llama.cpp's, evicts only then)."""
+        self._held(data, seq, 2)
+        if not self.grows:
+            self._fill(data, seq, 0, [seq])
+        for _ in range(data.draw(st.integers(1, 2), label="past the room by")):
+            self._decode_one(data, seq)
+
+    @rule(data=st.data(), when=lambda self: self.config.window is not None, relies_on=[NEGATIVE_SHIFT])
+    def outgrow_the_window_then_change(self, data: Draws) -> None:
+        """A sequence (forked first, or not) decoded past its window and its store's room (a store declared
+        ``window_cells: visible`` may evict), then an operation that may need a cell no longer held -- a removal to
+        the end just above its oldest held cell, one in the middle, its last cells shifted back, a divide, a copy
+        into another sequence, a save loaded under another id -- and a token of it decoded: refused changing
+        nothing, or done over what is held."""
+        seq = self._a_sequence(data)
+        others = [s for s in range(self.sequences) if s != seq]
+        if others and self.has(Capability.SEQ_COPY) and data.optional(st.booleans(), "forked first", False):
+            self._held(data, seq, 2)  # a copy sharing its cells: what one outgrows the other may still see
+            self._copy(seq, data.draw(st.sampled_from(others), label="fork"), -1, -1)
+        self._outgrow(data, seq)
+        offered = [name for name, capability in WINDOW_CHANGES if self.has(capability)
+                   and (name not in WINDOW_CHANGES_TO_ANOTHER or others)]
+        oracle = self.oracles[0]
+        top = oracle.pos_max(seq)
+        # the oldest cell surely held past the sinks: the positions below it are evicted, or may be
+        held = [c.position for c in oracle.cells_of(seq) if c.position >= self.context_config.sinks
+                and seq not in c.uncertain]
+        low = int(min(held, default=oracle.pos_min(seq)))
+        if not offered or top < 0:
+            return
+        # half the time a removal to the end, the one that brings evicted positions back into view
+        change = data.draw(g.on_purpose(*offered) if len(offered) > 1 else st.just(offered[0]), label="change")
+        if change not in offered:  # only a replayed trace gives one: the live draw is of what is declared
+            raise NotApplicable(f"the recorded change is a {change}, which {self.adapter.name} does not declare")
+        window = self.config.window or 1
+        if change == "remove to the end":  # just above the oldest held cell: the positions before it come into view
+            p0 = data.draw(st.integers(low + 1, max(low + 1, min(top, low + window - 2))), label="from")
+            self._sequence_call("remove", f"remove [{p0}, -1) of sequence {seq}", lambda o: o.remove(seq, p0, -1),
+                                lambda: self.adapter.seq_remove(self.context, seq, p0, -1), seq=seq, p0=p0, p1=-1)
+        elif change == "remove in the middle":
+            p0, width = data.draw(st.integers(low, top), label="from"), data.draw(st.integers(1, 2), label="width")
+            self._sequence_call("remove", f"remove [{p0}, {p0 + width}) of sequence {seq}",
+                                lambda o: o.remove(seq, p0, p0 + width),
+                                lambda: self.adapter.seq_remove(self.context, seq, p0, p0 + width),
+                                seq=seq, p0=p0, p1=p0 + width)
+        elif change == "last cells shifted back":
+            p0 = data.draw(st.integers(low, top), label="from")
+            least = -3 if self.policy.negative_shift == "removed" else max(-3, -self._moved(seq, p0, -1)[0])
+            if least > -1:
+                return
+            delta = data.draw(st.integers(least, -1), label="delta")
+            self._move("shift", f"shift [{p0}, -1) of sequence {seq} by {delta}",
+                       lambda o: o.shift(seq, p0, -1, delta),
+                       lambda: self.adapter.seq_shift(self.context, seq, p0, -1, delta), seq=seq, p0=p0, p1=-1,
+                       delta=delta)
+        elif change == "divided":
+            self._move("divide", f"divide [-1, -1) of sequence {seq} by 2", lambda o: o.divide(seq, -1, -1, 2),
+                       lambda: self.adapter.seq_divide(self.context, seq, -1, -1, 2), seq=seq, p0=-1, p1=-1, d=2)
+        else:
+            dst = data.draw(st.sampled_from(others), label="into")
+            if change == "copied into another":
+                self._copy(seq, dst, -1, -1)
+            elif self._save(seq):
+                self._load(data, "this context", index=len(self.saved) - 1, seq=dst)
+            self._decode_one(data, dst)
+        self._decode_one(data, seq)
+
+    @rule(data=st.data(), requires=[Capability.SEQ_REMOVE], when=lambda self: self.config.window is not None)
+    def remove_to_the_end_around_a_full_window(self, data: Draws) -> None:
+        """A sequence emptied, then W - 1, W or W + 1 tokens decoded into it and a removal to the end that leaves some
+        of them, then a token: below W tokens it must succeed; from W on, a ring (``window_removal: until_full``) may
+        refuse it, changing nothing (the layer machine's ``truncate_a_ring_of_window_and_sinks``, at model level)."""
+        seq = self._a_sequence(data)
+        if self.oracles[0].pos_max(seq) >= 0:
+            self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}", lambda o: o.remove(seq, -1, -1),
+                                lambda: self.adapter.seq_remove(self.context, seq, -1, -1), seq=seq, p0=-1, p1=-1)
+            if self.oracles[0].pos_max(seq) >= 0:  # refused, or replaced: nothing to start from
+                return
+        window = self.config.window or 1
+        count = window + data.draw(st.sampled_from((-1, 0, 1)), label="tokens past W")
+        if count < 2:
+            return  # nothing would be left after a removal to the end of a sequence of one token
+        self._decode(f"{count} tokens into sequence {seq}", self._batch(data, [seq], [count], mixed=False))
+        low, top = self.oracles[0].pos_min(seq), self.oracles[0].pos_max(seq)
+        if top <= low:  # the batch was refused, or replaced
+            return
+        p0 = data.draw(st.integers(low + 1, top), label="from")
+        self._sequence_call("remove", f"remove [{p0}, -1) of sequence {seq} after {count} tokens",
+                            lambda o: o.remove(seq, p0, -1), lambda: self.adapter.seq_remove(self.context, seq, p0, -1),
+                            seq=seq, p0=p0, p1=-1)
+        self._decode_one(data, seq)
+
+    @rule(data=st.data(), when=lambda self: self.config.window is not None)
+    def sinks_past_a_wrap(self, data: Draws) -> None:
+        """A sequence started anew at position 0 (its first S tokens the sinks, where the context keeps S >= 1),
+        decoded past S + W tokens (and past its store's room, where it evicts: a ring of W + S slots has wrapped),
+        then a chunk of 2-4 tokens: each sees the sinks besides its window (a ring that masks by slot, not
+        position, loses them); with no sinks, only its window, now past the sequence's start."""
+        seq = self._a_sequence(data)
+        oracle = self.oracles[0]
+        target = self.context_config.sinks + (self.config.window or 0)
+        short = oracle.free(oracle.store_of(seq)) + oracle.own_cells(seq) < target + 2 and not (
+            self.evicting or self.grows)
+        if short and any(oracle.stores):  # a store that keeps every cell needs S + W + 2 of them: emptied first
+            self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
+        if self.oracles[0].pos_max(seq) >= 0:
+            if self.has(Capability.SEQ_REMOVE):
+                self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}", lambda o: o.remove(seq, -1, -1),
+                                    lambda: self.adapter.seq_remove(self.context, seq, -1, -1), seq=seq, p0=-1, p1=-1)
+            else:
+                self._operation("clear", lambda o: o.clear(), lambda: self.adapter.clear(self.context))
+            if self.oracles[0].pos_max(seq) >= 0:  # refused, or replaced: nothing to start from
+                return
+        count = min(MAX_PROMPT, self.max_batch, data.draw(st.integers(1, MAX_PROMPT), label="tokens"))
+        tokens = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
+                           label="sink tokens")
+        self._decode(f"prompt of sequence {seq} from position 0", ModelBatch.of_sequence(seq, tokens, 0))
+        if self.evicting:
+            self._outgrow(data, seq)
+        for _ in range(target):
+            if self.oracles[0].pos_max(seq) + 1 >= target:
+                break
+            self._decode_one(data, seq)
+        chunk = data.draw(st.integers(2, MAX_PROMPT), label="chunk")
+        free = self.oracles[0].free(self.oracles[0].store_of(seq))
+        if not (self.evicting or self.grows):  # within the room where every cell is kept (past it: full, no wrap)
+            chunk = min(chunk, max(2, free))
+        self._decode(f"a chunk of sequence {seq} past its window and sinks", self._batch(
+            data, [seq], [chunk], mixed=False))
 
     # -- after every rule --------------------------------------------------------------------------------------
 

@@ -241,8 +241,11 @@ def declaration_problems(adapter: Any) -> list[str]:
     if within_window in capabilities and not {Capability.DECODE_SESSION.value, Capability.SLIDING_WINDOW.value} <= \
             capabilities:
         problems.append(f"declares {within_window} without decode_session and sliding_window, which it is about")
-    if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities:
-        problems.append("declares attention_sinks without sliding_window_layer: sinks are kept beside a window")
+    # sinks are kept beside a window: a layer's (sliding_window_layer), or a whole model's (sliding_window)
+    if Capability.ATTENTION_SINKS.value in capabilities and Capability.SLIDING_WINDOW_LAYER.value not in capabilities \
+            and not {Capability.WHOLE_MODEL.value, Capability.SLIDING_WINDOW.value} <= capabilities:
+        problems.append("declares attention_sinks without sliding_window_layer (or whole_model and sliding_window): "
+                        "sinks are kept beside a window")
     splits = sorted(capabilities & {Capability.BATCH_MERGE.value, Capability.BATCH_EXTRACT.value,
                                     Capability.BATCH_FILTER.value})
     if splits and Capability.RAGGED_ROWS.value not in capabilities:

@@ -79,6 +79,11 @@ REMOVALS = ("any", "end_only")  # seq_remove of any range; or only of ranges tha
 POSITIONS = ("given", "from_zero")
 # a store of context_cells cells, past which a batch, duplicating copy or load is full; or no capacity limit
 CAPACITIES = ("fixed", "grows")
+# a windowed model's store keeps every cell; or only those a later token of its sequence can still see (it may
+# evict the others, oldest first, never a sink nor the sequence's last cell: docs/spec.md §15.2)
+WINDOW_CELLS = ("all", "visible")
+# a removal to the end always done; or refused once the sequence has held W tokens (a ring that cannot un-evict)
+WINDOW_REMOVALS = ("any", "until_full")
 
 
 class ModelPolicyError(TypeError):
@@ -114,6 +119,12 @@ class ModelPolicy:
       its free cells is ``full``, judged where ``fixed_capacity`` is declared) or ``"grows"`` (no capacity limit:
       none of them is ever full, each must succeed, past the cells the context was asked for too;
       ``context_cells`` reports the cells it has now, an int >= 0, and bounds nothing).
+    - ``window_cells`` (a windowed model): ``"all"`` (every cell is kept: docs/spec.md §15.2) or ``"visible"`` (a
+      sequence's cells no later token of it can see may be evicted -- oldest first, never a sink nor its last cell
+      -- and ``seq_pos_min`` reports what is held; llama.cpp's sliding-window cache without ``swa_full``). The
+      suite follows the engine's eviction, judges it legal, and judges everything else over what is held.
+    - ``window_removal``: ``"any"`` or ``"until_full"`` (a removal to the end MAY be refused with ``refused`` once
+      the sequence has held ``W`` tokens: a ring; the model-level twin of ``window_truncates_until_full``).
     """
 
     contexts: frozenset[str] = frozenset(CONTEXT_KINDS)
@@ -125,6 +136,8 @@ class ModelPolicy:
     removal: str = "any"
     positions: str = "given"
     capacity: str = "fixed"
+    window_cells: str = "all"
+    window_removal: str = "any"
 
     @classmethod
     def of(cls, adapter: Any) -> ModelPolicy:
@@ -146,7 +159,8 @@ class ModelPolicy:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be a bool, got {given[name]!r}")
         for name, allowed in (("copy_unified", COPIES), ("copy_per_sequence", COPIES),
                               ("negative_shift", NEGATIVE_SHIFTS), ("removal", REMOVALS),
-                              ("positions", POSITIONS), ("capacity", CAPACITIES)):
+                              ("positions", POSITIONS), ("capacity", CAPACITIES), ("window_cells", WINDOW_CELLS),
+                              ("window_removal", WINDOW_REMOVALS)):
             if name in given and given[name] not in allowed:
                 raise ModelPolicyError(f"model_policy[{name!r}] must be one of {list(allowed)}, got {given[name]!r}")
         return cls(**{**{k: v for k, v in given.items() if k != "contexts"}, "contexts": frozenset(contexts)})
@@ -160,7 +174,8 @@ class ModelPolicy:
         return {"contexts": sorted(self.contexts), "shared_copies": self.shared_copies,
                 "copy_unified": self.copy_unified, "copy_per_sequence": self.copy_per_sequence,
                 "negative_shift": self.negative_shift, "refuses_shift": self.refuses_shift, "removal": self.removal,
-                "positions": self.positions, "capacity": self.capacity}
+                "positions": self.positions, "capacity": self.capacity, "window_cells": self.window_cells,
+                "window_removal": self.window_removal}
 
 
 @dataclass(frozen=True)
@@ -420,7 +435,8 @@ class ModelAdapter(Protocol):
 
     def create_context(self, model: Any, config: ContextConfig) -> Any:
         """A new empty context of ``model``: ``config.cells`` cells, sequence ids ``0 .. max_sequences-1``,
-        one store shared by every sequence if ``config.unified``, else one per sequence."""
+        one store shared by every sequence if ``config.unified``, else one per sequence; ``config.sinks`` kept
+        sink tokens (only >= 1 where ``attention_sinks`` is declared, the model windowed)."""
 
     def context_cells(self, context: Any) -> int:
         """The cells one store of the context really holds (an engine may round ``cells`` up; llama.cpp:
@@ -484,6 +500,8 @@ __all__ = [
     "POSITIONS",
     "REMOVALS",
     "SEQUENCE_OPERATIONS",
+    "WINDOW_CELLS",
+    "WINDOW_REMOVALS",
     "ContextConfig",
     "LayerWeights",
     "ModelAdapter",

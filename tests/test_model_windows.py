@@ -1,0 +1,147 @@
+"""Windowed stores at model level (issue 37, items 2 and 3): the cell model's eviction rules, the declarations, the
+window edges met on purpose in a default run, and the minimal windowed example conforming to what it claims."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from impl.conformance import make_full_declaration_adapter
+from impl.model_conformance import make_ring_model_adapter
+from kvcache_conformance.machines.base import CALL_OUTCOMES
+from kvcache_conformance.oracle import ContextConfig, ModelBatch, ModelConfig, random_model_weights
+from kvcache_conformance.oracle.model import CellContext, Model
+from kvcache_conformance.protocol.declarations import declaration_problems
+from kvcache_conformance.protocol.model import ModelPolicy, ModelPolicyError
+from kvcache_conformance.run import profiles, selection
+from kvcache_conformance.run.exercise import RAN
+from kvcache_conformance.run.runner import run_machine
+
+CONFIG = ModelConfig(vocab=6, model_width=4, layers=1, heads=1, kv_heads=1, head_width=2, ffn_width=4, window=3)
+
+
+def context(sinks: int = 0, evicts: bool = True, cells: int = 16) -> CellContext:
+    model = Model(CONFIG, random_model_weights(CONFIG, 7))
+    return CellContext(model, ContextConfig(cells=cells, max_sequences=2, sinks=sinks), evicts=evicts)
+
+
+def decoded(oracle: CellContext, count: int, seq: int = 0, start: int = 0) -> CellContext:
+    oracle.decode(ModelBatch.of_sequence(seq, list(np.arange(count) % CONFIG.vocab), start))
+    return oracle
+
+
+# -- the cell model: what may be evicted, and what follows ---------------------------------------------------------
+
+def test_only_cells_no_later_token_sees_may_be_evicted_never_the_last() -> None:
+    oracle = decoded(context(), 6)  # positions 0..5, W 3: the next token (6) sees 4 and 5
+    assert [c.position for c in oracle.evictable(0)] == [0, 1, 2, 3]
+    assert oracle.follow_eviction(0, 5) is not None  # 4 is still seen
+    assert oracle.pos_min(0) == 0  # an illegal report changes nothing
+    assert oracle.follow_eviction(0, 4) is None
+    assert (oracle.pos_min(0), oracle.evicted[0]) == (4, {0, 1, 2, 3})
+    assert decoded(context(), 2).follow_eviction(0, -1) is not None  # every cell gone, the last one too
+
+
+def test_sinks_are_never_evicted_and_evictions_behind_them_are_uncertain() -> None:
+    oracle = decoded(context(sinks=1), 6)
+    assert [c.position for c in oracle.evictable(0)] == [1, 2, 3]
+    assert oracle.follow_eviction(0, 1) is not None  # the sink at 0 gone
+    assert oracle.follow_eviction(0, 0) is None  # the sink reported: what is held behind it is unknown
+    assert sorted(c.position for c in oracle.cells_of(0) if 0 in c.uncertain) == [1, 2, 3]
+
+
+def test_a_removal_that_brings_an_evicted_position_back_into_view_is_known() -> None:
+    oracle = decoded(context(), 6)
+    assert oracle.follow_eviction(0, 3) is None
+    oracle.remove(0, 5, -1)  # the next token (5) sees 3 and 4: nothing evicted
+    assert oracle.reaches_evicted() is None
+    oracle.remove(0, 4, -1)  # the next token (4) would see 2, evicted
+    assert oracle.reaches_evicted() == "evicted"
+    oracle.remove(0, -1, -1)  # an empty sequence starts anew
+    assert oracle.reaches_evicted() is None and not oracle.evicted
+
+
+def test_past_the_free_cells_a_store_that_evicts_may_be_full() -> None:
+    oracle = decoded(context(cells=4), 4)
+    oracle.decode(ModelBatch.of_sequence(0, [1], 4))  # no ModelRefusal: the engine may reuse an evictable cell
+    assert oracle.may_be_full
+    with pytest.raises(Exception, match="full"):
+        decoded(context(evicts=False, cells=4), 4).decode(ModelBatch.of_sequence(0, [1], 4))
+
+
+def test_a_sink_stays_visible_past_the_window() -> None:
+    oracle = context(sinks=1)
+    assert oracle.sees(9, 0) and not oracle.sees(9, 1) and oracle.sees(9, 7) and not oracle.sees(9, 10)
+
+
+# -- the declarations --------------------------------------------------------------------------------------------
+
+def test_the_window_declarations_are_read_and_checked() -> None:
+    class Declares:
+        def __init__(self, **policy: str) -> None:
+            self.model_policy = policy
+
+    policy = ModelPolicy.of(Declares(window_cells="visible", window_removal="until_full"))
+    assert (policy.window_cells, policy.window_removal) == ("visible", "until_full")
+    assert ModelPolicy().window_cells == "all" and ModelPolicy().window_removal == "any"
+    with pytest.raises(ModelPolicyError):
+        ModelPolicy.of(Declares(window_cells="some"))
+
+
+def test_attention_sinks_may_be_declared_by_a_whole_model_with_a_window() -> None:
+    class Model:
+        name, version = "m", "1"
+        capabilities = frozenset({"whole_model", "sliding_window", "attention_sinks", "rope_interleaved"})
+
+    assert not [p for p in declaration_problems(Model()) if "attention_sinks" in p]
+    Model.capabilities = frozenset({"whole_model", "attention_sinks", "rope_interleaved"})
+    assert [p for p in declaration_problems(Model()) if "attention_sinks" in p]
+
+
+# -- the machine meets the window's edges on purpose ------------------------------------------------------------------
+
+WINDOWED = ("outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window")
+FLOOR = 0.004  # tests/test_model_chains.py's floor of a rule's share of the steps
+
+
+def run(adapter: object) -> Counter[tuple[str, str]]:
+    """A derandomised default run of the model machine: (rule, case or outcome) -> times."""
+    settings = profiles.settings_for("dev", database=None, max_examples=100, derandomize=True, deadline=None)
+    result = run_machine("model", adapter, property_id="tests::model_windows", settings=settings)
+    assert result.failure is None, result.failure
+    return Counter(result.exercise.counts)
+
+
+def exercised(adapter: object) -> Counter[tuple[str, str]]:
+    return Counter({key: times for key, times in run(adapter).items() if key[1] not in (RAN, *CALL_OUTCOMES)})
+
+
+@pytest.mark.slow
+def test_the_window_rules_keep_their_floor_where_stores_evict() -> None:
+    steps = {rule: times for (rule, what), times in run(make_ring_model_adapter()).items() if what == RAN}
+    total = sum(steps.values())
+    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED if steps.get(rule, 0) / total < FLOOR}
+    assert not thin, thin
+
+
+@pytest.mark.slow
+def test_eviction_a_refusal_for_an_evicted_cell_and_a_sink_past_a_wrap_are_met_in_a_default_run() -> None:
+    cases = exercised(make_ring_model_adapter())
+    for rule, case in (("outgrow_the_window_then_change", "window outgrown"),
+                       ("outgrow_the_window_then_change", "refused for an evicted cell"),
+                       ("sinks_past_a_wrap", "sink kept past a wrap")):
+        assert cases[(rule, case)] >= 3, (rule, case, sorted(cases.items()))
+
+
+@pytest.mark.slow
+def test_sinks_past_a_wrap_are_met_with_the_full_declaration() -> None:
+    assert exercised(make_full_declaration_adapter())[("sinks_past_a_wrap", "sink kept past a wrap")] >= 3
+
+
+def test_the_minimal_windowed_example_conforms_to_what_it_claims() -> None:
+    adapter = selection.load_adapter("examples.minimal_windowed_model_adapter:make_adapter")
+    result = run_machine("model", adapter, property_id="model-windowed-example",
+                         settings=profiles.settings_for("ci", database=None, max_examples=30))
+    assert result.failure is None, result.failure
