@@ -258,6 +258,9 @@ class Cell:
     # the sequences whose windowed store may have evicted this cell, unseen: a sequence holding a sink reports its
     # sink as its smallest position, so its evictions behind the window are not observable (docs/spec.md §15.2)
     uncertain: set[int] = field(default_factory=set)
+    # in a model of windowed and global layers, the sequences whose windowed store evicted this cell: their windowed
+    # layers no longer see it, their global layers still do (llama.cpp's iswa keeps it in its full store)
+    window_gone: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +272,7 @@ class SavedSequence:
     evicted: frozenset[int] = frozenset()
     uncertain: tuple[bool, ...] = ()
     filled: bool = False
+    window_gone: tuple[bool, ...] = ()  # each cell evicted from the windowed store only (global layers keep it)
 
 
 def open_range(p0: int, p1: int) -> tuple[int, float]:
@@ -292,8 +296,9 @@ class CellContext:
     applies what it reports (evicted cells leave the sequence, their positions kept in ``evicted``). Room is then
     the engine's: a batch, duplicating copy or load past the free cells sets ``may_be_full`` instead of refusing
     (it may reuse evictable cells). ``reaches_evicted`` says whether an operation made an evicted position visible
-    again. (With a per-layer window pattern, eviction is of the windowed layers' store alone: a global layer's
-    store keeps the cell; the observable positions are then the windowed store's, as llama.cpp's iswa reports.)
+    again. With windowed and global layers (``split``), eviction is of the windowed layers' store alone: the cell
+    stays for the global layers (``Cell.window_gone``), and ``seq_pos_min`` is the windowed store's, as llama.cpp's
+    iswa context and transformers' sliding layers report.
     """
 
     def __init__(self, model: Model, config: ContextConfig, *, shared_copies: bool = True,
@@ -309,6 +314,8 @@ class CellContext:
         self.grows = grows
         self.stores: list[list[Cell]] = [[] for _ in range(1 if config.unified else config.max_sequences)]
         self.evicts = evicts and model.config.window is not None
+        layers = range(model.config.layers)
+        self.split = self.evicts and any(model.config.layer_window(i) is None for i in layers)
         self.evicted: dict[int, set[int]] = {}  # per sequence, the positions its store evicted (known)
         self.may_be_full = False  # set, not refused, by a call past the free cells of a store that evicts
         self.filled: set[int] = set()  # the sequences that have held W tokens, or may have lost one to eviction
@@ -322,12 +329,18 @@ class CellContext:
         """The cells ``seq`` sees, in store order."""
         return [cell for cell in self.store_of(seq) if seq in cell.sequences]
 
+    def window_cells_of(self, seq: int) -> list[Cell]:
+        """The cells ``seq``'s windowed layers hold: all of its cells, less those its windowed store evicted while
+        global layers keep them."""
+        return [cell for cell in self.cells_of(seq) if seq not in cell.window_gone]
+
     def own_cells(self, seq: int) -> int:
         """The cells only ``seq`` holds: what removing its cells frees (a cell it shares stays for the others)."""
         return sum(1 for cell in self.cells_of(seq) if cell.sequences == {seq})
 
     def pos_min(self, seq: int) -> int:  # a Python int, whatever ints the batches gave (numpy's, §15.3)
-        return int(min((cell.position for cell in self.cells_of(seq)), default=-1))
+        """The smallest position ``seq`` holds (in its windowed store, where global layers keep more)."""
+        return int(min((cell.position for cell in self.window_cells_of(seq)), default=-1))
 
     def pos_max(self, seq: int) -> int:
         return int(max((cell.position for cell in self.cells_of(seq)), default=-1))
@@ -363,13 +376,13 @@ class CellContext:
         if not self.evicts:
             return []
         top = self.pos_max(seq)
-        return [c for c in self.cells_of(seq) if c.position < top and self.hidden_for_good(seq, c.position)]
+        return [c for c in self.window_cells_of(seq) if c.position < top and self.hidden_for_good(seq, c.position)]
 
     def follow_eviction(self, seq: int, reported_min: int) -> str | None:
         """The engine reports ``seq_pos_min(seq) = reported_min``: its cells below it were evicted. Legal (None
         returned): each was evictable, or may have been evicted unseen; then they leave ``seq`` (their positions
         kept in ``evicted``). Illegal: why (nothing changed)."""
-        cells = self.cells_of(seq)
+        cells = self.window_cells_of(seq)
         if not cells or reported_min == self.pos_min(seq):
             self._update_uncertain(seq)
             return None
@@ -381,7 +394,10 @@ class CellContext:
             return (f"sequence {seq} reports seq_pos_min {reported_min}: its cells at {seen} are gone, but a later "
                     f"token still sees them (or they are sinks, or its last cell)")
         for cell in gone:
-            cell.sequences.discard(seq)
+            if self.split:
+                cell.window_gone.add(seq)
+            else:
+                cell.sequences.discard(seq)
             cell.uncertain.discard(seq)
             self.evicted.setdefault(seq, set()).add(int(cell.position))
         self.filled.add(seq)
@@ -393,9 +409,9 @@ class CellContext:
     def _update_uncertain(self, seq: int) -> None:
         """A sequence holding a sink reports it as its smallest position: every cell its store may evict may be
         gone unseen. Without one, ``seq_pos_min`` told what is held: nothing is uncertain."""
-        holds_sink = any(c.position < self.config.sinks for c in self.cells_of(seq))
+        holds_sink = any(c.position < self.config.sinks for c in self.window_cells_of(seq))
         evictable = {id(c) for c in self.evictable(seq)} if holds_sink else set()
-        for cell in self.cells_of(seq):
+        for cell in self.window_cells_of(seq):
             if id(cell) in evictable:
                 cell.uncertain.add(seq)
             else:
@@ -479,7 +495,9 @@ class CellContext:
         first = min(seqs)
         candidates = [*(c for c in self.cells_of(first) if seqs <= c.sequences),
                       *(c for c in batch_cells if seqs <= c.sequences)]
-        return [c for c in candidates if self.sees(position, c.position, layer)]
+        windowed = self.model.config.layer_window(layer) is not None
+        return [c for c in candidates if self.sees(position, c.position, layer)
+                and not (windowed and seqs & c.window_gone)]
 
     def _check_batch(self, batch: ModelBatch) -> None:
         """Refuse a malformed batch, then one without room; nothing is computed before both pass."""
@@ -533,6 +551,7 @@ class CellContext:
                 if low <= cell.position < high:
                     cell.sequences = set() if seq < 0 else cell.sequences - {seq}
                     cell.uncertain &= cell.sequences
+                    cell.window_gone &= cell.sequences
             store[:] = [cell for cell in store if cell.sequences]
         for one, positions in self.evicted.items():  # an evicted position in the range is removed as well
             if seq < 0 or one == seq:
@@ -558,13 +577,16 @@ class CellContext:
             self._room(store, len(copied), freed, "copying")
         if replacing:
             self.remove(dst, -1, -1)
-        for cell in copied:
+        for cell in copied:  # what src's windowed store evicted, dst's lacks too
             unseen = {dst} if src in cell.uncertain else set()
+            gone = {dst} if src in cell.window_gone else set()
             if self.shared_copies:
                 cell.sequences.add(dst)
                 cell.uncertain |= unseen
+                cell.window_gone |= gone
             else:
-                self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}, unseen))
+                self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}, unseen,
+                                               gone))
         evicted = {p for p in self.evicted.get(src, ()) if low <= p < high}  # what the copy lacks, dst lacks too
         if evicted:
             self.evicted.setdefault(dst, set()).update(evicted)
@@ -578,6 +600,7 @@ class CellContext:
             for cell in store:
                 cell.sequences = cell.sequences & {seq}
                 cell.uncertain &= cell.sequences
+                cell.window_gone &= cell.sequences
             store[:] = [cell for cell in store if cell.sequences]
         self.evicted = {one: positions for one, positions in self.evicted.items() if one == seq}
         self._forget_evicted()
@@ -602,6 +625,7 @@ class CellContext:
             if cell.position < 0:
                 cell.sequences = set()
                 cell.uncertain = set()
+                cell.window_gone = set()
         store[:] = [cell for cell in store if cell.sequences]
         if seq in self.evicted:  # an evicted position moves as its cell would have
             moved_to = {p + delta if low <= p < high else p for p in self.evicted[seq]}
@@ -626,7 +650,7 @@ class CellContext:
         cells = self.cells_of(seq)
         return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in cells),
                              frozenset(self.evicted.get(seq, ())), tuple(seq in c.uncertain for c in cells),
-                             seq in self.filled)
+                             seq in self.filled, tuple(seq in c.window_gone for c in cells))
 
     def load(self, seq: int, saved: SavedSequence) -> None:
         """``seq`` holds exactly the saved cells, its own removed first (their cells count as free)."""
@@ -635,8 +659,10 @@ class CellContext:
         self._room(store, len(saved.cells), self.own_cells(seq), "loading")
         self.remove(seq, -1, -1)
         unseen = saved.uncertain or (False,) * len(saved.cells)
-        store.extend(Cell(position, token, keys, values, {seq}, {seq} if maybe else set())
-                     for (position, token, keys, values), maybe in zip(saved.cells, unseen))
+        gone = saved.window_gone or (False,) * len(saved.cells)
+        store.extend(Cell(position, token, keys, values, {seq}, {seq} if maybe else set(),
+                          {seq} if lost and self.split else set())
+                     for (position, token, keys, values), maybe, lost in zip(saved.cells, unseen, gone))
         if saved.evicted and saved.cells:
             self.evicted[seq] = set(saved.evicted)
         if saved.filled and saved.cells:

@@ -3,6 +3,7 @@ window edges met on purpose in a default run, and the minimal windowed example c
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -61,6 +62,37 @@ def test_a_removal_that_brings_an_evicted_position_back_into_view_is_known() -> 
     assert oracle.reaches_evicted() == "evicted"
     oracle.remove(0, -1, -1)  # an empty sequence starts anew
     assert oracle.reaches_evicted() is None and not oracle.evicted
+
+
+def test_with_global_layers_eviction_leaves_them_every_cell() -> None:
+    """Windowed and global layers (llama.cpp's iswa, transformers' sliding and full layers): an eviction is of the
+    windowed store alone; seq_pos_min is its, the global layer still attends every cell, a copy and a save carry
+    what the windowed store lost."""
+    mixed = dataclasses.replace(CONFIG, layers=2, window_pattern=(True, False))
+    weights = random_model_weights(mixed, 7)
+
+    def mixed_context(evicts: bool) -> CellContext:
+        return CellContext(Model(mixed, weights), ContextConfig(cells=16, max_sequences=2), evicts=evicts)
+
+    tokens = [1, 2, 3, 4, 5, 0]
+    kept, evicting = mixed_context(False), mixed_context(True)
+    for oracle in (kept, evicting):
+        oracle.decode(ModelBatch.of_sequence(0, tokens, 0))
+    assert evicting.split and evicting.follow_eviction(0, 3) is None
+    assert (evicting.pos_min(0), evicting.pos_max(0), len(evicting.cells_of(0))) == (3, 5, 6)
+    step = ModelBatch.of_sequence(0, [2], 6)
+    expected = kept.decode(step)
+    np.testing.assert_allclose(evicting.decode(step), expected, rtol=0, atol=1e-12)  # the global layer saw 0..2
+    # a store evicting the cells from every layer: the global layer no longer sees 0..2, and the logits differ
+    uniform = CellContext(Model(mixed, weights), ContextConfig(cells=16, max_sequences=2), evicts=True)
+    uniform.split = False
+    uniform.decode(ModelBatch.of_sequence(0, tokens, 0))
+    assert uniform.follow_eviction(0, 3) is None
+    assert np.max(np.abs(uniform.decode(step) - expected)) > 1e-6
+    evicting.copy(0, 1, -1, -1)  # the copy lacks in its windowed store what the source lacked
+    assert (evicting.pos_min(1), evicting.pos_max(1), len(evicting.cells_of(1))) == (3, 6, 7)
+    evicting.load(0, evicting.save(1))
+    assert (evicting.pos_min(0), len(evicting.cells_of(0))) == (3, 7)
 
 
 def test_past_the_free_cells_a_store_that_evicts_may_be_full() -> None:
