@@ -138,7 +138,7 @@ def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, 
     if arch == "gemma3":
         # gemma3 reads: attention.sliding_window W (required), the pattern as one bool per layer (True:
         # windowed; its default, a scalar 6, is Gemma 3's), rope.freq_base_swa for windowed layers (default
-        # 10000). Hard-coded: the embedding scale sqrt(D), GELU (tanh), NEOX RoPE, and an attention scale of
+        # 10000). Hard-coded: the embedding scale sqrt(D), GELU (a float16 table), NEOX RoPE, an attention scale of
         # 1/sqrt(dh) except for 62 layers (Gemma 3 27B: 1/sqrt(D/H)).
         if config.layers == 62:
             raise UnsupportedModel("llama.cpp's gemma3 takes 62 layers for Gemma 3 27B: attention scale "
