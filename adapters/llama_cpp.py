@@ -16,6 +16,11 @@ both), and the micro-batch (``n_ubatch``: by default ``n_batch``, so a batch is 
 Computation is float32 on the CPU, one thread. The factories at the end are the configurations measured in
 docs/llama-cpp/NOTES.md (the micro-batch one is not measured yet).
 
+With ``windows`` a configuration also takes windowed models (issue 37): a model with Gemma 3's switches is written
+as arch gemma3 and runs over llama.cpp's two stores (``llama_kv_cache_iswa``), ``swa_full`` on (llama.cpp's
+default) or off; ``make_windows_*`` are those measured in docs/llama-cpp/windows.md. Their declarations
+(``WINDOW_*``) are spelled as issue 37's design fixes them and need its oracle and stores branches.
+
 Requires the ``llamacpp`` extra (``pip install -e '.[llamacpp]'``: it builds llama-cpp-python from source,
 about 25-45 minutes on two cores).
 """
@@ -43,6 +48,22 @@ CACHE_TYPES = ("f32", "f16", "q8_0", "q4_0")
 KV_STORAGE_OF = {"f32": "float32", "f16": "float16", "q8_0": "q8_0", "q4_0": "q4_0"}  # docs/spec.md §15.6
 MAX_BATCH = 512  # n_batch, and n_ubatch unless configured smaller (micro_batch): a batch is then one ubatch
 INT32 = (-(2**31), 2**31 - 1)
+
+# -- windowed models (issue 37): the declarations' spelling follows /work/WINDOWS_DESIGN.md and waits on the
+# oracle branch (interleaved_windows, the architectures an engine runs, a float16 activation) and the stores
+# branch (window_cells, window_removal). Measured in docs/llama-cpp/windows.md.
+WINDOW_CAPABILITIES = frozenset({"sliding_window", "interleaved_windows"})
+# llama.cpp runs a windowed model only as gemma3 (every Gemma-3 switch on); a model without a window as llama.
+WINDOW_LIMITS: dict[str, Any] = {"architectures": ("llama", "gemma3")}
+WINDOW_POLICY: dict[str, Any] = {
+    # the windowed layers' store keeps what the window can see, not every cell: a saved sequence keeps only its
+    # last W positions there (whatever swa_full), and a full store (256 cells and more, swa_full off) reuses the
+    # oldest cells no later token sees; seq_pos_min reports the windowed store's minimum
+    "window_cells": "visible",
+    # a removal is never refused (llama_memory_seq_rm returns true for any range of an attention cache)
+    "window_removal": "any",
+}
+WINDOW_MIXED_PRECISION = {"activation": "float16"}  # the GELU's table (ggml-cpu's GGML_GELU_FP16)
 
 
 class LlamaCppError(Exception):
@@ -122,6 +143,13 @@ class LlamaCppConfig:
     # n_ubatch: the tokens llama_decode computes at once, splitting a longer batch (None: n_batch, no split). At
     # most 4 (the suite's batches hold at most 8 tokens; model_limits micro_batch, docs/spec.md §15.7).
     micro_batch: int | None = None
+    # Windowed models (issue 37): written as arch gemma3 (adapters/llama_gguf.py), run over llama.cpp's two stores
+    # (llama_kv_cache_iswa: the global layers' and the windowed layers'). Declares what docs/llama-cpp/windows.md
+    # measured; the declarations' spelling is WINDOWS_DESIGN's and waits on the oracle and stores branches.
+    windows: bool = False
+    # swa_full: the windowed layers' store as large as the global one (llama.cpp's default, True); False: padded
+    # to 256 cells at least, so that at the suite's sizes (contexts of 16 cells asked, 256 given) it is as large.
+    swa_full: bool = True
 
     def __post_init__(self) -> None:
         if self.cache_type not in CACHE_TYPES:
@@ -132,6 +160,8 @@ class LlamaCppConfig:
             raise ValueError(f"contexts must be drawn from 'unified', 'per_sequence', got {self.contexts!r}")
         if self.micro_batch is not None and not 1 <= self.micro_batch <= 4:
             raise ValueError(f"micro_batch must be None or 1-4, got {self.micro_batch!r}")
+        if not self.swa_full and not self.windows:
+            raise ValueError("swa_full=False is a setting of windowed models' stores: windows=True")
 
 
 class LlamaModel:
@@ -164,6 +194,7 @@ class LlamaContext:
         params.n_seq_max = config.max_sequences
         params.n_threads = params.n_threads_batch = 1
         params.kv_unified = config.unified
+        params.swa_full = engine.swa_full  # read only for windowed models (two stores)
         params.type_k = params.type_v = getattr(lib, f"GGML_TYPE_{engine.cache_type.upper()}")
         params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if engine.flash_attn
                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -218,6 +249,19 @@ class LlamaCppAdapter:
             self.name = self.name[:-1] + f",ubatch {self.engine.micro_batch}]"
         if not self.engine.rotation:
             os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+        if self.engine.windows:
+            self._declare_windows()
+
+    def _declare_windows(self) -> None:
+        """What llama.cpp does with windowed models (docs/llama-cpp/windows.md). Needs the oracle and stores
+        branches of issue 37: until they are merged the suite refuses these keys (unknown limit / policy)."""
+        self.capabilities = self.capabilities | WINDOW_CAPABILITIES
+        self.model_limits = {**self.model_limits, **WINDOW_LIMITS}
+        self.model_policy = {**self.model_policy, **WINDOW_POLICY}
+        # llama.cpp's CPU GELU reads a float16 table (input and output rounded to binary16): a float16 component
+        # of a float32 model (measured: 1.6e-3 from the tanh formula in float32, 7e-6 from the table's).
+        self.mixed_precision = dict(WINDOW_MIXED_PRECISION)
+        self.name = self.name[:-1] + f",gemma3{'' if self.engine.swa_full else ',swa_full off'}]"
 
     # -- models and contexts --
 
@@ -375,6 +419,32 @@ def make_micro_batch_adapter() -> LlamaCppAdapter:
     return LlamaCppAdapter(LlamaCppConfig(micro_batch=3))
 
 
+def make_windows_adapter() -> LlamaCppAdapter:
+    """Windowed models (gemma3), f32 cache, flash attention off, both context kinds, swa_full on (the default)."""
+    return LlamaCppAdapter(LlamaCppConfig(windows=True))
+
+
+def make_windows_swa_small_adapter() -> LlamaCppAdapter:
+    """Windowed models with swa_full off: the windowed store sized for the window (256 cells at least)."""
+    return LlamaCppAdapter(LlamaCppConfig(windows=True, swa_full=False))
+
+
+def make_windows_f16_adapter() -> LlamaCppAdapter:
+    return LlamaCppAdapter(LlamaCppConfig(windows=True, swa_full=False, cache_type="f16"))
+
+
+def make_windows_flash_adapter() -> LlamaCppAdapter:
+    return LlamaCppAdapter(LlamaCppConfig(windows=True, swa_full=False, flash_attn=True))
+
+
+def make_windows_unified_adapter() -> LlamaCppAdapter:
+    return LlamaCppAdapter(LlamaCppConfig(windows=True, swa_full=False, contexts=("unified",)))
+
+
+def make_windows_per_sequence_adapter() -> LlamaCppAdapter:
+    return LlamaCppAdapter(LlamaCppConfig(windows=True, swa_full=False, contexts=("per_sequence",)))
+
+
 def make_isolated_adapter() -> Isolated:
     """``make_adapter`` in a child process: an engine abort is a "crash" verdict, not the end of the run."""
     return isolated("adapters.llama_cpp:make_adapter")
@@ -410,3 +480,27 @@ def make_isolated_q8_0_no_rotation_adapter() -> Isolated:
 
 def make_isolated_micro_batch_adapter() -> Isolated:
     return isolated("adapters.llama_cpp:make_micro_batch_adapter")
+
+
+def make_isolated_windows_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_adapter")
+
+
+def make_isolated_windows_swa_small_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_swa_small_adapter")
+
+
+def make_isolated_windows_f16_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_f16_adapter")
+
+
+def make_isolated_windows_flash_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_flash_adapter")
+
+
+def make_isolated_windows_unified_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_unified_adapter")
+
+
+def make_isolated_windows_per_sequence_adapter() -> Isolated:
+    return isolated("adapters.llama_cpp:make_windows_per_sequence_adapter")

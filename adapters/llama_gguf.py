@@ -1,4 +1,5 @@
-"""The suite's whole-model weights as a GGUF file llama.cpp loads (arch ``llama``), written with ``gguf==0.19.0``.
+"""The suite's whole-model weights as a GGUF file llama.cpp loads (arch ``llama``, or ``gemma3`` for a windowed
+model), written with ``gguf==0.19.0``.
 
 Nothing is downloaded: the file holds the ``ModelWeights`` the suite drew, in float32 (llama.cpp computes in
 float32; the rounding of the weights is part of the declared float32 precision), and an SPM vocabulary of
@@ -14,7 +15,15 @@ Conventions, as llama.cpp's arch ``llama`` reads them (measured, docs/llama-cpp/
 - the head width is ``attention.key_length`` / ``value_length``, independent of the model width;
 - a tied head is written as no ``output.weight``: llama.cpp then uses ``token_embd`` for the logits.
 
-What arch ``llama`` cannot express (a sliding window) is refused with ``UnsupportedModel``.
+Arch ``gemma3`` (measured, docs/llama-cpp/windows.md), for a model with Gemma 3's switches (issue 37's
+``embedding_scale``, ``qk_norm``, ``post_norms``, ``activation`` "gelu_tanh"): RoPE pairs ``(i, i + dh/2)``
+(NEOX: an ``interleaved`` model is written as its permuted twin, the per-head norms permuted alike); norms
+multiply by their weights as written; ``attention.sliding_window`` is W, ``attention.sliding_window_pattern``
+one bool per layer, ``rope.freq_base_swa`` the windowed layers' base. Its GELU is a float16 table (llama.cpp's
+CPU backend), not the tanh formula in float32: a precision the model must declare.
+
+What neither arch can express (a window in a llama model, part of Gemma 3's switches) is refused with
+``UnsupportedModel``.
 """
 
 from __future__ import annotations
@@ -51,13 +60,56 @@ def _rows_for_interleaved(matrix: np.ndarray, heads: int, head_width: int, style
     return matrix.reshape(heads, head_width, -1)[:, perm, :].reshape(heads * head_width, -1)
 
 
-def check_supported(config: ModelConfig) -> None:
-    if config.window is not None:
+GEMMA3_SWITCHES = ("embedding_scale", "qk_norm", "post_norms")  # and activation "gelu_tanh"
+
+
+def _switch(config: Any, name: str, default: Any = False) -> Any:
+    """A field of the model of issue 37 (oracle branch): read with its llama default, so that a ModelConfig
+    without it still writes."""
+    return getattr(config, name, default)
+
+
+def architecture(config: Any) -> str:
+    """``llama`` for today's model (no window); ``gemma3`` for a model with Gemma 3's switches all on
+    (``embedding_scale``, ``qk_norm``, ``post_norms``, ``activation`` "gelu_tanh"): llama.cpp's gemma3 builds
+    every one of them unconditionally, so a model with some but not all has no arch here."""
+    names = (*GEMMA3_SWITCHES, "gelu_tanh")
+    gemma = [bool(_switch(config, name)) for name in GEMMA3_SWITCHES] + [
+        _switch(config, "activation", "silu") == "gelu_tanh"]
+    if all(gemma):
+        return "gemma3"
+    if any(gemma):
+        raise UnsupportedModel("llama.cpp's gemma3 builds embedding_scale, qk_norm, post_norms and gelu_tanh "
+                               f"together; the model has only {[n for n, on in zip(names, gemma) if on]}")
+    if config.window is not None or _switch(config, "local_rope_base", None) is not None:
         raise UnsupportedModel(f"llama.cpp's arch llama has no sliding window; the model declares window "
-                               f"{config.window}")
+                               f"{config.window} (a windowed model is written as gemma3, with its switches)")
+    return "llama"
+
+
+def layer_windowed(config: Any) -> list[bool]:
+    """Whether each layer is windowed: the oracle's ``layer_window`` when it has one, else every layer when
+    ``window`` is set (today's meaning)."""
+    if hasattr(config, "layer_window"):
+        return [config.layer_window(i) is not None for i in range(config.layers)]
+    return [config.window is not None] * config.layers
+
+
+def check_supported(config: ModelConfig) -> None:
+    architecture(config)
     if config.vocab < len(SPECIAL_TOKENS):
         raise UnsupportedModel(f"a vocabulary of {config.vocab} tokens: llama.cpp's SPM vocabulary needs at least "
                                f"{len(SPECIAL_TOKENS)} (unknown, begin, end)")
+
+
+def _rows_for_half_split(matrix: np.ndarray, heads: int, head_width: int, style: str) -> np.ndarray:
+    """A query or key projection (or a per-head norm's weights, ``heads`` 1) whose output features llama.cpp
+    rotates as pairs ``(i, i + dh/2)`` (gemma3's NEOX RoPE): an ``interleaved`` model's features are put back
+    by the inverse of ``rotary_permutation``; the scores are unchanged."""
+    if style == "half_split":
+        return matrix
+    inverse = np.argsort(rotary_permutation(head_width))
+    return matrix.reshape(heads, head_width, -1)[:, inverse, :].reshape(matrix.shape)
 
 
 def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, name: str = "kvcache-random") -> Path:
@@ -66,8 +118,9 @@ def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, 
 
     check_supported(config)
     weights.check(config)
+    arch = architecture(config)
     path = Path(path)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(config.max_positions)
@@ -82,6 +135,22 @@ def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, 
     writer.add_rope_freq_base(config.rope_base)
     writer.add_layer_norm_rms_eps(config.norm_eps)
     writer.add_vocab_size(config.vocab)
+    if arch == "gemma3":
+        # gemma3 reads: attention.sliding_window W (required), the pattern as one bool per layer (True:
+        # windowed; its default, a scalar 6, is Gemma 3's), rope.freq_base_swa for windowed layers (default
+        # 10000). Hard-coded: the embedding scale sqrt(D), GELU (a float16 table), NEOX RoPE, an attention scale of
+        # 1/sqrt(dh) except for 62 layers (Gemma 3 27B: 1/sqrt(D/H)).
+        if config.layers == 62:
+            raise UnsupportedModel("llama.cpp's gemma3 takes 62 layers for Gemma 3 27B: attention scale "
+                                   "1/sqrt(D/H), not 1/sqrt(dh)")
+        windowed = layer_windowed(config)
+        if any(windowed):
+            writer.add_sliding_window(config.window)
+            writer.add_array(f"{arch}.attention.sliding_window_pattern", windowed)
+        else:  # a window with no layer windowed aborts the context (repro_swa_pattern_all_global_aborts.py)
+            writer.add_sliding_window(0)  # 0: no window, one plain store
+        local = _switch(config, "local_rope_base", None)
+        writer.add_rope_freq_base_swa(float(local if local is not None else config.rope_base))
 
     tokens = list(SPECIAL_TOKENS) + [f"tok{i}" for i in range(len(SPECIAL_TOKENS), config.vocab)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [
@@ -98,18 +167,24 @@ def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, 
         writer.add_tensor(tensor_name, np.ascontiguousarray(array, dtype=np.float32))
 
     dh, style = config.head_width, config.rope_style
+    rows = _rows_for_half_split if arch == "gemma3" else _rows_for_interleaved
     tensor("token_embd.weight", weights.embedding)  # [V, D]
     for index, layer in enumerate(weights.layers):
         block = f"blk.{index}"
         tensor(f"{block}.attn_norm.weight", layer.attention_norm)
-        tensor(f"{block}.attn_q.weight", _rows_for_interleaved(layer.wq, config.heads, dh, style))  # [H*dh, D]
-        tensor(f"{block}.attn_k.weight", _rows_for_interleaved(layer.wk, config.kv_heads, dh, style))  # [KV*dh, D]
+        tensor(f"{block}.attn_q.weight", rows(layer.wq, config.heads, dh, style))  # [H*dh, D]
+        tensor(f"{block}.attn_k.weight", rows(layer.wk, config.kv_heads, dh, style))  # [KV*dh, D]
         tensor(f"{block}.attn_v.weight", layer.wv)  # [KV*dh, D]
         tensor(f"{block}.attn_output.weight", layer.wo)  # [D, H*dh]
         tensor(f"{block}.ffn_norm.weight", layer.ffn_norm)
         tensor(f"{block}.ffn_gate.weight", layer.w_gate)  # [F, D]
         tensor(f"{block}.ffn_up.weight", layer.w_up)  # [F, D]
         tensor(f"{block}.ffn_down.weight", layer.w_down)  # [D, F]
+        if arch == "gemma3":  # norms multiply by w: GGUF's convention (HF Gemma stores w - 1)
+            tensor(f"{block}.attn_q_norm.weight", rows(layer.q_norm[None, :, None], 1, dh, style).ravel())  # [dh]
+            tensor(f"{block}.attn_k_norm.weight", rows(layer.k_norm[None, :, None], 1, dh, style).ravel())
+            tensor(f"{block}.post_attention_norm.weight", layer.post_attention_norm)  # [D]
+            tensor(f"{block}.post_ffw_norm.weight", layer.post_ffn_norm)  # [D]
     tensor("output_norm.weight", weights.output_norm)
     if weights.output is not None:  # tied: none, and llama.cpp reads token_embd
         tensor("output.weight", weights.output)  # [V, D]

@@ -72,3 +72,54 @@ def test_what_arch_llama_cannot_express_is_refused(tmp_path: Path) -> None:
     small = ModelConfig(vocab=2)
     with pytest.raises(UnsupportedModel, match="at least 3"):
         write_gguf(tmp_path / "m.gguf", small, random_model_weights(small, 0))
+
+
+WIDENED = "embedding_scale" in ModelConfig.__dataclass_fields__  # issue 37's model (the oracle branch)
+needs_widened = pytest.mark.skipif(not WIDENED, reason="needs issue 37's widened ModelConfig (Gemma 3's switches)")
+
+
+def gemma3(**fields):  # Gemma 3's switches on, a window of 3 in every second layer
+    gemma = {"rope_style": "half_split", "rope_base": 1e6, "local_rope_base": 10000.0, "window": 3,
+             "window_pattern": 2, "embedding_scale": True, "qk_norm": True, "post_norms": True,
+             "activation": "gelu_tanh", "tied_output": True, "norm_eps": 1e-6, "layers": 4}
+    return ModelConfig(**{**gemma, **fields})
+
+
+@needs_widened
+@pytest.mark.parametrize("style", ["half_split", "interleaved"])
+def test_a_gemma3_model_writes_its_window_pattern_bases_and_norms(style: str, tmp_path: Path) -> None:
+    import gguf
+
+    config = gemma3(rope_style=style, window_pattern=(True, True, False, True))
+    weights = random_model_weights(config, seed=6)
+    reader = gguf.GGUFReader(str(write_gguf(tmp_path / "m.gguf", config, weights)))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == "gemma3"
+    assert fields["gemma3.attention.sliding_window"] == 3
+    assert fields["gemma3.attention.sliding_window_pattern"] == [True, True, False, True]
+    assert (fields["gemma3.rope.freq_base"], fields["gemma3.rope.freq_base_swa"]) == (1e6, 10000.0)
+    tensors = {t.name: np.asarray(t.data, dtype=np.float64) for t in reader.tensors}
+    # llama.cpp's NEOX pairs (i, i + dh/2): an interleaved model's per-head features are put back in that order
+    order = np.arange(config.head_width) if style == "half_split" else np.argsort(rotary_permutation(
+        config.head_width))
+    np.testing.assert_array_equal(tensors["blk.2.attn_q_norm.weight"], as_float32(weights).layers[2].q_norm[order])
+    np.testing.assert_array_equal(tensors["blk.0.post_ffw_norm.weight"], as_float32(weights).layers[0].post_ffn_norm)
+    assert "output.weight" not in tensors  # tied
+
+
+@needs_widened
+def test_a_gemma3_model_without_a_windowed_layer_is_written_without_a_window(tmp_path: Path) -> None:
+    import gguf  # a window over an all-false pattern aborts llama.cpp (repro_swa_pattern_all_global_aborts.py)
+
+    config = gemma3(window=None, window_pattern="all", local_rope_base=None)
+    reader = gguf.GGUFReader(str(write_gguf(tmp_path / "m.gguf", config, random_model_weights(config, seed=6))))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["gemma3.attention.sliding_window"] == 0
+    assert "gemma3.attention.sliding_window_pattern" not in fields
+
+
+@needs_widened
+def test_part_of_gemma3s_switches_has_no_arch(tmp_path: Path) -> None:
+    config = gemma3(post_norms=False)
+    with pytest.raises(UnsupportedModel, match="together"):
+        write_gguf(tmp_path / "m.gguf", config, random_model_weights(config, seed=6))
