@@ -397,8 +397,11 @@ class HfRowsAdapter(HfModelAdapter):
         if config.unified:
             raise ValueError("one row of the cache per sequence: per-sequence contexts only")
         rows = config.max_sequences
-        return RowsContext(model, config, DynamicCache(config=model.hf.config), [[] for _ in range(rows)],
-                           [[] for _ in range(rows)])
+        return RowsContext(model, config, self.rows_cache(model), [[] for _ in range(rows)], [[] for _ in range(rows)])
+
+    def rows_cache(self, model: Model) -> Any:
+        """The one cache whose batch rows are the sequences."""
+        return DynamicCache(config=model.hf.config)
 
     def _row(self, context: RowsContext, seq: Any) -> int:
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < len(context.valid):
