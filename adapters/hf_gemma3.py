@@ -24,8 +24,9 @@ The model, mapped:
 - Norms: transformers' ``Gemma3RMSNorm`` multiplies by ``1 + weight``, the suite's by ``w``: ``w - 1`` is
   copied in. The suite's ``ffn_norm`` is ``pre_feedforward_layernorm``; ``post_attention_norm`` and
   ``post_ffn_norm`` are ``post_attention_layernorm`` and ``post_feedforward_layernorm``.
-- transformers has no switch for q/k norms, post norms, the embedding scale or the tanh GELU: a model
-  without all four (a Llama) is not built (``UnsupportedModel``); ``model_limits["architecture"]`` says so.
+- transformers has no switch for q/k norms, post norms, the embedding scale or the tanh GELU: only a model
+  whose ``architecture`` is ``"gemma3"`` (every switch on, RoPE half_split) is built, any other raises
+  ``UnsupportedModel``; ``model_limits["architectures"] = ("gemma3",)`` says so.
 
 Glue the adapter adds, and says so:
 
@@ -65,10 +66,11 @@ What the caches do, declared (``model_policy`` keys of issue 37, docs/spec.md §
 - ``model_limits["min_window"] = 2``: with ``sliding_window=1`` the second forward raises in sdpa (layer-level
   finding 7, ``repro_window_of_one.py``).
 
-Waits on other branches: the Gemma-3 fields of ``ModelConfig``/``LayerWeights`` and the spelling of the
-architecture declaration (wip-oracle); ``window_cells``/``window_removal`` and their semantics (wip-stores);
-``min_window`` in ``ModelLimits``. Until then ``create_model`` raises ``UnsupportedModel`` naming what is
-missing, and the suite refuses the declarations as unknown keys.
+Waits on other branches: the suite's capability ``interleaved_windows`` and the spelling of the architecture
+declaration, here ``model_limits["architectures"]`` (wip-oracle: its ``ModelConfig`` fields and oracle are what
+this module is checked against); ``window_cells``/``window_removal`` and their semantics (wip-stores);
+``min_window`` in ``ModelLimits``. Until then the suite refuses the declarations as unknown, and without the
+oracle's fields ``create_model`` raises ``UnsupportedModel`` naming what is missing.
 """
 
 from __future__ import annotations
@@ -99,10 +101,9 @@ from kvcache_conformance.protocol.model import ModelConfig, ModelWeights
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 MIN_WINDOW = 2  # sliding_window=1 raises on the second forward (docs/hf-transformers/repro_window_of_one.py)
-# The switches Gemma3ForCausalLM always has on (it has no way to turn them off), in the oracle's field names.
-ARCHITECTURE: dict[str, Any] = {"embedding_scale": True, "qk_norm": True, "post_norms": True,
-                                "activation": "gelu_tanh", "rope_style": "half_split"}
-GEMMA3_FIELDS = ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation")
+ARCHITECTURE = "gemma3"  # the oracle's name (ModelConfig.architecture): every Gemma switch on, RoPE half_split
+GEMMA3_FIELDS = ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation",
+                 "layer_window", "architecture")
 GEMMA3_WEIGHTS = ("q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")
 
 
@@ -112,13 +113,13 @@ class UnsupportedModel(ValueError):
 
 def gemma3_problem(config: ModelConfig) -> str | None:
     """Why ``config`` is not a Gemma 3 that transformers can build (None: it is)."""
-    missing = [name for name in (*GEMMA3_FIELDS, "layer_window") if not hasattr(config, name)]
+    missing = [name for name in GEMMA3_FIELDS if not hasattr(config, name)]
     if missing:
         return (f"ModelConfig has no {', '.join(missing)}: the Gemma-3 fields come with the oracle's model of issue "
                 "37 (branch wip-oracle)")
-    for name, value in ARCHITECTURE.items():
-        if getattr(config, name) != value:
-            return f"Gemma3ForCausalLM has {name} {value!r}, not {getattr(config, name)!r}"
+    if config.architecture != ARCHITECTURE:  # type: ignore[attr-defined]
+        return (f"Gemma3ForCausalLM runs the architecture {ARCHITECTURE!r} (every Gemma switch on, RoPE half_split), "
+                f"not {config.architecture!r}")  # type: ignore[attr-defined]
     windows = {w for w in layer_windows(config) if w is not None}
     if len(windows) > 1:
         return f"transformers has one sliding_window for every sliding layer, not {sorted(windows)}"
@@ -214,7 +215,7 @@ class Gemma3Build:
     gemma3_capabilities: ClassVar[frozenset[str]] = frozenset({"sliding_window", "interleaved_windows"})
     # Gemma3TextConfig refuses hidden_size % num_attention_heads != 0 as LlamaConfig does
     model_limits: ClassVar[dict[str, Any]] = {"model_width_divisible_by_heads": True, "min_window": MIN_WINDOW,
-                                              "architecture": ARCHITECTURE}
+                                              "architectures": (ARCHITECTURE,)}
 
     def build_model(self, config: ModelConfig, weights: ModelWeights) -> Any:
         return gemma3_model(config, weights, float64_steps=self.float64_steps)
