@@ -361,7 +361,25 @@ class HfModelAdapter:
     def load_sequence(self, context: Context, seq: int, state: Any) -> None:
         self._store(context, seq)
         cache, positions = state
-        context.stores[seq] = Store(copy.deepcopy(cache), list(positions))
+        context.stores[seq] = Store(self.loaded_cache(context, cache), list(positions))
+
+    def loaded_cache(self, context: Context, cache: Any) -> Any:
+        """A saved cache as a store of ``context``: a deep copy; a ``StaticCache`` saved from a context of another
+        capacity is rebuilt at this one's (the saved one's buffers would keep the old room), its rows written in by
+        each layer's own ``update``; more rows than a full layer's room is ``full``, changing nothing."""
+        fresh = self._cache(context.model, self.context_cells(context)) if self.static else None
+        if fresh is None or [layer.max_cache_len for layer in fresh.layers] == [layer.max_cache_len
+                                                                               for layer in cache.layers]:
+            return copy.deepcopy(cache)
+        for saved, layer in zip(cache.layers, fresh.layers):
+            rows = static_rows(saved)
+            if rows > layer.max_cache_len and not getattr(layer, "is_sliding", False):
+                raise CacheFull(f"a saved state of {rows} rows into a StaticCache of {layer.max_cache_len}")
+        for saved, layer in zip(cache.layers, fresh.layers):
+            rows = static_rows(saved)
+            if rows:
+                layer.update(saved.keys[:, :, :rows].clone(), saved.values[:, :, :rows].clone())
+        return fresh
 
     def error_kind(self, error: BaseException) -> str | None:
         if isinstance(error, CacheFull):
@@ -489,6 +507,13 @@ class HfRowsAdapter(HfModelAdapter):
         index[dst] = src
         context.cache.reorder_cache(torch.tensor(index))
         context.valid[dst], context.positions[dst] = list(context.valid[src]), list(context.positions[src])
+
+
+def static_rows(layer: Any) -> int:
+    """The rows a static layer holds, oldest first from slot 0 (a sliding ring's: at most its length)."""
+    if not layer.is_initialized:
+        return 0
+    return min(int(layer.get_seq_length()), layer.max_cache_len)
 
 
 def _raised_in_static_update(error: BaseException) -> bool:
