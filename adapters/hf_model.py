@@ -127,7 +127,8 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
     return hf
 
 
-def _set(parameter: torch.Tensor, array: np.ndarray) -> None:
+def set_parameter(parameter: torch.Tensor, array: np.ndarray) -> None:
+    """Copy a float64 array into a parameter of the same shape (a mismatch is the adapter's error, not the engine's)."""
     value = torch.from_numpy(np.array(array, dtype=np.float64))
     if tuple(parameter.shape) != tuple(value.shape):
         raise ValueError(f"a parameter of shape {tuple(parameter.shape)} given {tuple(value.shape)}")
@@ -145,24 +146,24 @@ def llama_model(config: ModelConfig, weights: ModelWeights, *, float64_steps: bo
     model = LlamaForCausalLM(hf).to(DTYPE).eval()
     inner = model.model
     with torch.no_grad():
-        _set(inner.embed_tokens.weight, weights.embedding)
+        set_parameter(inner.embed_tokens.weight, weights.embedding)
         for layer, w in zip(inner.layers, weights.layers):
             attention, mlp = layer.self_attn, layer.mlp
-            _set(layer.input_layernorm.weight, w.attention_norm)
-            _set(attention.q_proj.weight, w.wq)
-            _set(attention.k_proj.weight, w.wk)
-            _set(attention.v_proj.weight, w.wv)
-            _set(attention.o_proj.weight, w.wo)
-            _set(layer.post_attention_layernorm.weight, w.ffn_norm)
-            _set(mlp.gate_proj.weight, w.w_gate)
-            _set(mlp.up_proj.weight, w.w_up)
-            _set(mlp.down_proj.weight, w.w_down)
-        _set(inner.norm.weight, weights.output_norm)
+            set_parameter(layer.input_layernorm.weight, w.attention_norm)
+            set_parameter(attention.q_proj.weight, w.wq)
+            set_parameter(attention.k_proj.weight, w.wk)
+            set_parameter(attention.v_proj.weight, w.wv)
+            set_parameter(attention.o_proj.weight, w.wo)
+            set_parameter(layer.post_attention_layernorm.weight, w.ffn_norm)
+            set_parameter(mlp.gate_proj.weight, w.w_gate)
+            set_parameter(mlp.up_proj.weight, w.w_up)
+            set_parameter(mlp.down_proj.weight, w.w_down)
+        set_parameter(inner.norm.weight, weights.output_norm)
         if config.tied_output:
             if model.lm_head.weight.data_ptr() != inner.embed_tokens.weight.data_ptr():
                 raise ValueError("tie_word_embeddings did not tie lm_head to the embedding")
         else:
-            _set(model.lm_head.weight, weights.output)
+            set_parameter(model.lm_head.weight, weights.output)
     if float64_steps:
         for layer, w in zip(inner.layers, weights.layers):
             layer.input_layernorm = Float64RMSNorm(w.attention_norm, config.norm_eps)
@@ -228,7 +229,11 @@ class HfModelAdapter:
     # -- model and context -----------------------------------------------------------------------------------
 
     def create_model(self, config: ModelConfig, weights: ModelWeights) -> Model:
-        return Model(config, llama_model(config, weights, float64_steps=self.float64_steps))
+        return Model(config, self.build_model(config, weights))
+
+    def build_model(self, config: ModelConfig, weights: ModelWeights) -> Any:
+        """The transformers model holding exactly ``weights`` (an architecture's adapter builds its own)."""
+        return llama_model(config, weights, float64_steps=self.float64_steps)
 
     def _cache(self, context_model: Model, cells: int) -> Any:
         if self.static:
@@ -255,7 +260,7 @@ class HfModelAdapter:
         order: dict[Any, list[int]] = {}
         for index, seq in enumerate(batch.sequences):
             order.setdefault(seq, []).append(index)
-        before = [(store, _lengths(store), list(store.positions)) for store in context.stores]
+        before = [(store, self.checkpoint(store), list(store.positions)) for store in context.stores]
         logits = np.zeros((len(batch.tokens), context.model.config.vocab))
         try:
             for seq, indices in order.items():
@@ -268,16 +273,24 @@ class HfModelAdapter:
                 store.positions.extend(positions)
                 logits[indices] = out.logits[0].detach().numpy()
         except BaseException as error:
-            for store, lengths, positions in before if self.roll_back else ():
-                for layer, length in zip(store.cache.layers, lengths):
-                    now = int(layer.get_seq_length()) if layer.is_initialized else 0
-                    if now != length:
-                        layer.crop(length - now)  # 5.24: crop(-n) removes n rows
+            for store, checkpoint, positions in before if self.roll_back else ():
+                self.restore(store, checkpoint)
                 store.positions = positions
             if self.static and isinstance(error, IndexError) and _raised_in_static_update(error):
                 raise CacheFull(f"StaticCache past max_cache_len: {error}") from error
             raise
         return logits[[bool(w) for w in batch.logits]]
+
+    def checkpoint(self, store: Store) -> Any:
+        """What ``restore`` needs to put ``store``'s cache back as it is now: here each layer's length."""
+        return _lengths(store)
+
+    def restore(self, store: Store, checkpoint: Any) -> None:
+        """Undo a forward that raised: crop every layer back to its length (5.24: ``crop(-n)`` removes n rows)."""
+        for layer, length in zip(store.cache.layers, checkpoint):
+            now = int(layer.get_seq_length()) if layer.is_initialized else 0
+            if now != length:
+                layer.crop(length - now)
 
     # -- what every whole model has -------------------------------------------------------------------------
 
@@ -323,11 +336,23 @@ class HfModelAdapter:
             if n and not all(gone[len(gone) - n:]):
                 raise CropRefused(f"removing positions [{p0}, {p1}) of {store.positions[0]}..{store.positions[-1]}: "
                                   "transformers' crop removes the last rows only")
+            refusal = self.crop_refusal(store, n) if n else None
+            if refusal:
+                raise CropRefused(f"removing positions [{p0}, {p1}) of {store.positions[0]}..{store.positions[-1]}: "
+                                  f"{refusal}")
             plans.append((store, n))
         for store, n in plans:
             if n:
-                store.cache.crop(-n)
+                self.crop_rows(store, n)
                 del store.positions[len(store.positions) - n:]
+
+    def crop_refusal(self, store: Store, n: int) -> str | None:
+        """Why removing ``store``'s last ``n`` rows is refused (None: it is done); checked for every store first."""
+        return None
+
+    def crop_rows(self, store: Store, n: int) -> None:
+        """Remove ``store``'s last ``n`` rows with transformers' own ``crop``."""
+        store.cache.crop(-n)
 
     def save_sequence(self, context: Context, seq: int) -> Any:
         store = self._store(context, seq)
@@ -336,7 +361,25 @@ class HfModelAdapter:
     def load_sequence(self, context: Context, seq: int, state: Any) -> None:
         self._store(context, seq)
         cache, positions = state
-        context.stores[seq] = Store(copy.deepcopy(cache), list(positions))
+        context.stores[seq] = Store(self.loaded_cache(context, cache), list(positions))
+
+    def loaded_cache(self, context: Context, cache: Any) -> Any:
+        """A saved cache as a store of ``context``: a deep copy; a ``StaticCache`` saved from a context of another
+        capacity is rebuilt at this one's (the saved one's buffers would keep the old room), its rows written in by
+        each layer's own ``update``; more rows than a full layer's room is ``full``, changing nothing."""
+        fresh = self._cache(context.model, self.context_cells(context)) if self.static else None
+        if fresh is None or [layer.max_cache_len for layer in fresh.layers] == [layer.max_cache_len
+                                                                               for layer in cache.layers]:
+            return copy.deepcopy(cache)
+        for saved, layer in zip(cache.layers, fresh.layers):
+            rows = static_rows(saved)
+            if rows > layer.max_cache_len and not getattr(layer, "is_sliding", False):
+                raise CacheFull(f"a saved state of {rows} rows into a StaticCache of {layer.max_cache_len}")
+        for saved, layer in zip(cache.layers, fresh.layers):
+            rows = static_rows(saved)
+            if rows:
+                layer.update(saved.keys[:, :, :rows].clone(), saved.values[:, :, :rows].clone())
+        return fresh
 
     def error_kind(self, error: BaseException) -> str | None:
         if isinstance(error, CacheFull):
@@ -372,8 +415,11 @@ class HfRowsAdapter(HfModelAdapter):
         if config.unified:
             raise ValueError("one row of the cache per sequence: per-sequence contexts only")
         rows = config.max_sequences
-        return RowsContext(model, config, DynamicCache(config=model.hf.config), [[] for _ in range(rows)],
-                           [[] for _ in range(rows)])
+        return RowsContext(model, config, self.rows_cache(model), [[] for _ in range(rows)], [[] for _ in range(rows)])
+
+    def rows_cache(self, model: Model) -> Any:
+        """The one cache whose batch rows are the sequences."""
+        return DynamicCache(config=model.hf.config)
 
     def _row(self, context: RowsContext, seq: Any) -> int:
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < len(context.valid):
@@ -388,18 +434,13 @@ class HfRowsAdapter(HfModelAdapter):
         longest = max(map(len, mine), default=0)
         ids = torch.zeros((rows, longest), dtype=torch.long)
         positions = torch.zeros((rows, longest), dtype=torch.long)
-        mask = torch.zeros((rows, 1, longest, slots + longest), dtype=torch.bool)
         for row, indices in enumerate(mine):
             for j, index in enumerate(indices):
                 ids[row, j], positions[row, j] = batch.tokens[index], batch.positions[index]
-                for t in range(slots):
-                    mask[row, 0, j, t] = context.valid[row][t] and context.positions[row][t] <= batch.positions[index]
-                mask[row, 0, j, slots:slots + j + 1] = True
-            for j in range(len(indices), longest):
-                mask[row, 0, j, slots + j] = True  # padding sees itself only (no empty softmax)
         try:
             with torch.no_grad():
-                out = context.model.hf(input_ids=ids, position_ids=positions, attention_mask=mask,
+                out = context.model.hf(input_ids=ids, position_ids=positions,
+                                       attention_mask=self.attention_mask(context, mine, positions),
                                        cache=context.cache, use_cache=True)
         except BaseException:
             for layer in context.cache.layers:
@@ -414,6 +455,32 @@ class HfRowsAdapter(HfModelAdapter):
             context.valid[row] += [j < len(indices) for j in range(longest)]
             context.positions[row] += [int(p) for p in positions[row]]
         return logits[[bool(w) for w in batch.logits]]
+
+    def attention_mask(self, context: RowsContext, mine: list[list[int]], positions: torch.Tensor) -> Any:
+        """The 4D mask of a batch (``mine``: each row's tokens, at ``positions [rows, longest]``)."""
+        return self.visibility(context, mine, positions, None)
+
+    def visibility(self, context: RowsContext, mine: list[list[int]], positions: torch.Tensor,
+                   window: int | None) -> torch.Tensor:
+        """``[rows, 1, longest, slots + longest]``: a token sees its row's cells at positions up to its own (and
+        within ``window``) and its row's earlier tokens of the batch (within ``window``); padding sees itself."""
+        rows, longest = positions.shape
+        slots = len(context.valid[0])
+        mask = torch.zeros((rows, 1, longest, slots + longest), dtype=torch.bool)
+
+        def near(query: int, key: int) -> bool:
+            return key <= query and (window is None or query - key < window)
+
+        for row, indices in enumerate(mine):
+            for j in range(len(indices)):
+                query = int(positions[row, j])
+                for t in range(slots):
+                    mask[row, 0, j, t] = context.valid[row][t] and near(query, context.positions[row][t])
+                for i in range(j + 1):
+                    mask[row, 0, j, slots + i] = near(query, int(positions[row, i]))
+            for j in range(len(indices), longest):
+                mask[row, 0, j, slots + j] = True  # padding sees itself only (no empty softmax)
+        return mask
 
     def clear(self, context: RowsContext) -> None:
         context.cache.reset()
@@ -440,6 +507,13 @@ class HfRowsAdapter(HfModelAdapter):
         index[dst] = src
         context.cache.reorder_cache(torch.tensor(index))
         context.valid[dst], context.positions[dst] = list(context.valid[src]), list(context.positions[src])
+
+
+def static_rows(layer: Any) -> int:
+    """The rows a static layer holds, oldest first from slot 0 (a sliding ring's: at most its length)."""
+    if not layer.is_initialized:
+        return 0
+    return min(int(layer.get_seq_length()), layer.max_cache_len)
 
 
 def _raised_in_static_update(error: BaseException) -> bool:

@@ -99,6 +99,25 @@ def test_a_static_cache_past_its_room_is_full_and_changes_nothing() -> None:
     assert np.max(np.abs(got - full_model([1, 2, 3], config, weights)[2:])) < 1e-12
 
 
+def test_a_static_state_loaded_into_a_roomier_context_gets_its_room() -> None:
+    config, weights = CONFIGS[0], random_model_weights(CONFIGS[0], 3)
+    adapter = hf_model.static_cache()
+    model = adapter.create_model(config, weights)
+    small = adapter.create_context(model, ContextConfig(cells=6, max_sequences=2, unified=False))  # 3 cells each
+    adapter.decode_batch(small, ModelBatch.of_sequence(0, [1, 2, 3], 0))
+    state = adapter.save_sequence(small, 0)
+    roomy = adapter.create_context(model, ContextConfig(cells=8, max_sequences=2, unified=False))  # 4 cells each
+    adapter.load_sequence(roomy, 1, state)
+    got = adapter.decode_batch(roomy, ModelBatch.of_sequence(1, [4], 3))  # the saved cache had room for 3
+    assert np.max(np.abs(got - full_model([1, 2, 3, 4], config, weights)[3:])) < 1e-12
+    adapter.clear(roomy)
+    adapter.decode_batch(roomy, ModelBatch.of_sequence(1, [1, 2, 3, 4], 0))
+    tight = adapter.create_context(model, ContextConfig(cells=4, max_sequences=2, unified=False))  # 2 cells each
+    with pytest.raises(Exception) as raised:
+        adapter.load_sequence(tight, 0, state)
+    assert adapter.error_kind(raised.value) == "full"
+
+
 def test_rows_of_one_cache_a_padded_batch_and_a_reorder() -> None:
     config, weights = CONFIGS[1], random_model_weights(CONFIGS[1], 5)
     adapter = hf_model.dynamic_cache_rows()
