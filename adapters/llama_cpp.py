@@ -49,9 +49,7 @@ KV_STORAGE_OF = {"f32": "float32", "f16": "float16", "q8_0": "q8_0", "q4_0": "q4
 MAX_BATCH = 512  # n_batch, and n_ubatch unless configured smaller (micro_batch): a batch is then one ubatch
 INT32 = (-(2**31), 2**31 - 1)
 
-# -- windowed models (issue 37): the declarations' spelling follows /work/WINDOWS_DESIGN.md and waits on the
-# oracle branch (interleaved_windows, the architectures an engine runs, a float16 activation) and the stores
-# branch (window_cells, window_removal). Measured in docs/llama-cpp/windows.md.
+# -- windowed models (issue 37; docs/spec.md §15.1, §15.2, §15.6): measured in docs/llama-cpp/windows.md.
 WINDOW_CAPABILITIES = frozenset({"sliding_window", "interleaved_windows"})
 # llama.cpp runs a windowed model only as gemma3 (every Gemma-3 switch on); a model without a window as llama.
 WINDOW_LIMITS: dict[str, Any] = {"architectures": ("llama", "gemma3")}
@@ -63,7 +61,7 @@ WINDOW_POLICY: dict[str, Any] = {
     # a removal is never refused (llama_memory_seq_rm returns true for any range of an attention cache)
     "window_removal": "any",
 }
-WINDOW_MIXED_PRECISION = {"activation": "float16"}  # the GELU's table (ggml-cpu's GGML_GELU_FP16)
+WINDOW_ACTIVATION_TABLE = "float16"  # the GELU's table (ggml-cpu's GGML_GELU_FP16), docs/spec.md §15.6
 
 
 class LlamaCppError(Exception):
@@ -144,8 +142,8 @@ class LlamaCppConfig:
     # most 4 (the suite's batches hold at most 8 tokens; model_limits micro_batch, docs/spec.md §15.7).
     micro_batch: int | None = None
     # Windowed models (issue 37): written as arch gemma3 (adapters/llama_gguf.py), run over llama.cpp's two stores
-    # (llama_kv_cache_iswa: the global layers' and the windowed layers'). Declares what docs/llama-cpp/windows.md
-    # measured; the declarations' spelling is WINDOWS_DESIGN's and waits on the oracle and stores branches.
+    # (llama_kv_cache_iswa: the global layers' and the windowed layers'), declared as docs/llama-cpp/windows.md says.
+
     windows: bool = False
     # swa_full: the windowed layers' store as large as the global one (llama.cpp's default, True); False: padded
     # to 256 cells at least, so that at the suite's sizes (contexts of 16 cells asked, 256 given) it is as large.
@@ -253,14 +251,13 @@ class LlamaCppAdapter:
             self._declare_windows()
 
     def _declare_windows(self) -> None:
-        """What llama.cpp does with windowed models (docs/llama-cpp/windows.md). Needs the oracle and stores
-        branches of issue 37: until they are merged the suite refuses these keys (unknown limit / policy)."""
+        """What llama.cpp does with windowed models (docs/llama-cpp/windows.md)."""
         self.capabilities = self.capabilities | WINDOW_CAPABILITIES
         self.model_limits = {**self.model_limits, **WINDOW_LIMITS}
         self.model_policy = {**self.model_policy, **WINDOW_POLICY}
-        # llama.cpp's CPU GELU reads a float16 table (input and output rounded to binary16): a float16 component
-        # of a float32 model (measured: 1.6e-3 from the tanh formula in float32, 7e-6 from the table's).
-        self.mixed_precision = dict(WINDOW_MIXED_PRECISION)
+        # llama.cpp's CPU GELU reads a float16 table (input and output rounded to binary16; measured: 1.6e-3 from
+        # the tanh formula in float32, 7e-6 from the table's)
+        self.activation_table = WINDOW_ACTIVATION_TABLE
         self.name = self.name[:-1] + f",gemma3{'' if self.engine.swa_full else ',swa_full off'}]"
 
     # -- models and contexts --

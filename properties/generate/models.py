@@ -70,7 +70,9 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     if Capability.SLIDING_WINDOW.value in capabilities and draw(
             st.sampled_from((False, True, True, True)) if windowed_stores else st.booleans(), label="windowed"):
         # a store that evicts brings an evicted cell back into view by a removal only where W >= 3: those first
-        window = draw(st.sampled_from((3, 4, 2, 1)) if windowed_stores else st.integers(1, 4), label="window")
+        least = limits.min_window or 1
+        window = draw(st.sampled_from([w for w in (3, 4, 2, 1) if w >= least] or [least]) if windowed_stores
+                      else st.integers(min(least, 4), max(least, 4)), label="window")
     fewest = max(2, limits.min_vocab or 2)
     vocab = draw(st.integers(fewest, max(fewest, _bounded(12, limits.max_vocab))), label="vocab")
     if limits.model_width_divisible_by_heads:

@@ -206,6 +206,9 @@ class ModelLimits:
     # with interleaved_windows: the only window pattern and local RoPE base the engine builds (None: the suite's own)
     window_pattern: int | None = None
     local_rope_base: float | None = None
+    # the smallest sliding window the engine builds (a layer cache's min_window, the same word): transformers'
+    # sliding layer of 1 raises on its second forward
+    min_window: int | None = None
 
     @classmethod
     def of(cls, adapter: Any) -> ModelLimits:
@@ -268,6 +271,8 @@ class ModelLimits:
                 return f"{name.removeprefix('max_').replace('_', ' ')} {value} > {name} {limit}"
         if self.min_vocab is not None and config.vocab < self.min_vocab:
             return f"vocab {config.vocab} < min_vocab {self.min_vocab}"
+        if self.min_window is not None and config.window is not None and config.window < self.min_window:
+            return f"window {config.window} < min_window {self.min_window}"
         if self.min_head_width is not None and config.head_width < self.min_head_width:
             return f"head width {config.head_width} < min_head_width {self.min_head_width}"
         if self.head_width_multiple is not None and config.head_width % self.head_width_multiple:
