@@ -1058,11 +1058,14 @@ class ModelMachine(ConformanceMachine):
         its window goes back too); then loaded again into another sequence or into a fresh context. After each
         load, a token or a chunk of the sequence loaded into decoded."""
         seq = self._a_sequence(data)
-        place = data.draw(st.sampled_from(OUTGROWN_LOADS[1:] if self.sequences > 1 else OUTGROWN_LOADS[2:]),
+        # another sequence whose store holds the state beside the outgrown one, or is another store
+        room = self.grows or self.oracles[0].capacity >= 2 * (self.config.window or 0) + 2
+        others = [s for s in range(self.sequences) if s != seq and (room or s not in self._sharing_the_store(seq))]
+        place = data.draw(st.sampled_from(OUTGROWN_LOADS[1:] if others else OUTGROWN_LOADS[2:]),
                           label="then loaded into")
         target, reserve, beside = seq, 2, False
         if place == OUTGROWN_LOADS[1]:
-            target = data.draw(st.sampled_from([s for s in range(self.sequences) if s != seq]), label="into")
+            target = data.draw(st.sampled_from(others), label="into")
             beside = target in self._sharing_the_store(seq)
             if beside:  # the state must fit beside the sequence saved
                 reserve = max(reserve, (self.oracles[0].capacity + 1) // 2)
