@@ -1055,16 +1055,15 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_STATE], when=_edge_seen)
     def save_and_load_an_outgrown_sequence(self, data: Draws) -> None:
         """An outgrown sequence saved, more of its tokens decoded, and the state loaded back into it (a rollback:
-        its window goes back too); then loaded again into another sequence or into a fresh context. After each
-        load, a token or a chunk of the sequence loaded into decoded."""
+        its window goes back too); then loaded again into another sequence (where one can hold it) and into a fresh
+        context. After each load, a token or a chunk of the sequence loaded into decoded."""
         seq = self._a_sequence(data)
         # another sequence whose store holds the state beside the outgrown one, or is another store
         room = self.grows or self.oracles[0].capacity >= 2 * (self.config.window or 0) + 2
         others = [s for s in range(self.sequences) if s != seq and (room or s not in self._sharing_the_store(seq))]
-        place = data.draw(st.sampled_from(OUTGROWN_LOADS[1:] if others else OUTGROWN_LOADS[2:]),
-                          label="then loaded into")
+        places = OUTGROWN_LOADS if others else OUTGROWN_LOADS[::2]
         target, reserve, beside = seq, 2, False
-        if place == OUTGROWN_LOADS[1]:
+        if others:
             target = data.draw(st.sampled_from(others), label="into")
             beside = target in self._sharing_the_store(seq)
             if beside:  # the state must fit beside the sequence saved
@@ -1077,7 +1076,7 @@ class ModelMachine(ConformanceMachine):
         index, count = len(self.saved) - 1, self.saved[-1][2]
         self._make_room(seq, 3, keep=(seq, target))
         self._next_chunk(data, seq)
-        for where in (OUTGROWN_LOADS[0], place):
+        for where in places:
             if where == OUTGROWN_LOADS[1]:
                 self._make_room(target, count - self.oracles[0].own_cells(target), keep=(seq, target))
             if where == OUTGROWN_LOADS[2]:
