@@ -1034,23 +1034,28 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_COPY],
           when=lambda self: _edge_seen(self) and self.sequences > 1, relies_on=WHOLE_COPIES)
     def copy_an_outgrown_sequence(self, data: Draws) -> None:
-        """An outgrown sequence copied into another, whole, or its cells in the window or out of it (from about
-        the edge); then a token of each decoded in one batch: the destination's sees the copied cells in its own
-        window, the source's its own."""
+        """An outgrown sequence's cells in the window or out of it (from about the edge) copied into another,
+        then the whole sequence (where only whole copies are declared, that alone); after each copy, a token of
+        each decoded in one batch: the destination's sees the copied cells in its own window, the source's its
+        own."""
         src, dst = data.draw(st.permutations(range(self.sequences)), label="sequences")[:2]
         if not self._outgrow(data, src, data.draw(st.sampled_from(BEYOND), label="beyond the window by")):
             return
-        part = COPIED_PARTS[0] if self.whole_copies_only else data.draw(st.sampled_from(COPIED_PARTS), label="copied")
-        at = max(0, self._edge(src) + data.draw(st.integers(-1, 1), label="from the edge"))
-        p0, p1 = {COPIED_PARTS[0]: (-1, -1), COPIED_PARTS[1]: (at, -1), COPIED_PARTS[2]: (-1, at)}[part]
-        self._make_room(dst, len(self.oracles[0].cells_of(src)), keep=(src,))
-        if not self._copy(src, dst, p0, p1):
-            return
-        self.exercised(COPIED)
-        if part == COPIED_PARTS[2] and self.oracles[0].pos_max(dst) >= 0:
-            self.exercised(COPIED_OUT)
-        self._make_room(src, 2, keep=(src, dst))
-        self._decode(f"a token of each of sequences {[src, dst]}", self._batch(data, [src, dst], [1, 1], mixed=False))
+        parts = [COPIED_PARTS[0]] if self.whole_copies_only else [
+            data.draw(st.sampled_from(COPIED_PARTS[1:]), label="copied first"), COPIED_PARTS[0]]
+        for part in parts:
+            at = max(0, self._edge(src) + data.draw(st.integers(-1, 1), label="from the edge"))
+            p0, p1 = {COPIED_PARTS[0]: (-1, -1), COPIED_PARTS[1]: (at, -1), COPIED_PARTS[2]: (-1, at)}[part]
+            self._make_room(dst, len(self.oracles[0].cells_of(src)), keep=(src,))
+            if not self._copy(src, dst, p0, p1):
+                return
+            if part == COPIED_PARTS[0]:
+                self.exercised(COPIED)
+            if part == COPIED_PARTS[2] and self.oracles[0].pos_max(dst) >= 0:
+                self.exercised(COPIED_OUT)
+            self._make_room(src, 2, keep=(src, dst))
+            self._decode(f"a token of each of sequences {[src, dst]}",
+                         self._batch(data, [src, dst], [1, 1], mixed=False))
 
     @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_STATE], when=_edge_seen)
     def save_and_load_an_outgrown_sequence(self, data: Draws) -> None:
