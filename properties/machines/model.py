@@ -986,7 +986,11 @@ class ModelMachine(ConformanceMachine):
         seq = self._a_sequence(data)
         if not self._outgrow(data, seq, data.draw(st.sampled_from(BEYOND), label="beyond the window by")):
             return
-        for move in self.moves:  # each declared move in turn, a token or a chunk decoded after each
+        for move in ("shift", "divide"):  # each declared move in turn, a token or a chunk decoded after each
+            if not data.draw(st.just(move in self.moves), label=f"{move} across the edge"):
+                continue
+            if move not in self.moves:  # only a replayed trace gives one: the live draw is of what is declared
+                raise NotApplicable(f"the recorded move is a {move}, which {self.adapter.name} does not declare")
             edge = self._edge(seq)
             options = [(p0, p1, amount) for at in (edge - 1, edge, edge + 1) if at >= 0
                        for p0, p1 in ((at, -1), (-1, at)) for amount in self._amounts(move, seq, p0, p1)]
