@@ -727,6 +727,9 @@ BATCH_MUTANTS = (
 )
 MUTANTS = MUTANTS + BATCH_MUTANTS
 
+
+HELD_CELLS_SEEN = ("                held = ~(named[mine][:, None, :] & ~self.members[stream][None, :, :]).any(axis=2)"
+                   "  # [m, C]\n")
 # The whole model (impl/model.py, docs/spec.md §15): at least two visible mutants of each sequence operation, killed
 # by the model machine behind the default reference.
 MODEL_MUTANTS = (
@@ -934,6 +937,20 @@ MODEL_MUTANTS = (
     Mutant("model_micro_batch_logits_in_reverse_parts", "model.py",
            (("        return np.concatenate(outputs)\n", "        return np.concatenate(outputs[::-1])\n"),),
            "returns the logits of a batch's parts last part first", "model", factory="make_micro_batch_adapter"),
+    # windows at model level (#37): a ring that keeps every cell (as declared) but never attends again what fell
+    # out of a token's window; the machine's window-edge rules bring such cells back (a removal at the end, a shift
+    # or divide across the edge): killed at the ci seed's 7th example, where before them the 82nd was the first
+    Mutant("model_window_drops_cells_for_good", "model.py",
+           (("            self.members[stream, slot] = named[i]\n        return result\n",
+             "            self.members[stream, slot] = named[i]\n"
+             "            if s.window is not None:  # what fell out of this token's window is never attended again\n"
+             "                gone = self.members[stream, :, sequences[i]] & (self.positions[stream] <= positions[i]"
+             " - s.window)\n"
+             "                self.tokens[stream, gone] = -1\n"
+             "        return result\n"),
+            (HELD_CELLS_SEEN, HELD_CELLS_SEEN + "                held &= (self.tokens[stream] >= 0)[None, :]\n")),
+           "keeps the cells out of a windowed token's window but never attends them again, also where a removal at "
+           "the end, a shift or a divide brings them back into the window", "model"),
     # behind the reference with no capacity limit (capacity: grows, impl.conformance:make_growing_adapter)
     Mutant("model_growth_loses_the_values", "model.py",
            (("        self.values = widened(self.values, 2, 0)\n",

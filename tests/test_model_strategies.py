@@ -190,10 +190,11 @@ class Watching(ModelReferenceAdapter):
 
 def watched_run(adapter: Watching) -> Counter[str]:
     Watching.seen = Counter()
-    # 150 examples: in 100, a token of several sequences malformed (unified contexts, one malformation in four)
-    # was met twice under the release's seed
+    # 200 examples: in 100, a token of several sequences malformed (unified contexts, one malformation in four)
+    # was met twice under the release's seed; in 150, after the window-edge rules (issue 37) took a share of the
+    # steps, never
     result = run_machine("model", adapter, property_id="model-coverage",
-                         settings=profiles.settings_for("dev", database=None, derandomize=True, max_examples=150))
+                         settings=profiles.settings_for("dev", database=None, derandomize=True, max_examples=200))
     assert result.failure is None, result.failure
     return Watching.seen
 

@@ -13,7 +13,9 @@ shifts past ``max_positions`` (outside the model: judged only by §5.1); saves a
 id, the source changed since, a fresh context of another cell count); clears; malformed batches, batches past
 the room, operations on unknown sequences; and, each set up whole in one rule, the chains engines get wrong (a
 load where the room is short, a save with a move pending, a move then a batch past the room, three sequences
-over one copy, a save after storage and position orders diverge: docs/spec.md §11.1). As declared: prompts
+over one copy, a save after storage and position orders diverge: docs/spec.md §11.1); and, where the model has a
+window, its edges (a sequence outgrowing it, then removals, shifts, divides, copies, saves and loads around the
+oldest position its next token sees, and batches of sequences on both sides of it). As declared: prompts
 shared by several sequences (``multi_sequence_tokens``), batches longer than the engine's ``micro_batch``, every
 empty sequence started at 0 (``positions: from_zero``), contexts that grow past their cells (``capacity:
 grows``). Every logit asked for is
@@ -37,7 +39,7 @@ from ..judge.failures import NonConformance
 from ..judge.policy import VALID, Due, Expect, Judged
 from ..judge.tolerance import Judge, Reference
 from ..oracle import FLOAT64, ModelBatch, NumberSystem, random_model_weights
-from ..oracle.model import OUTSIDE, CellContext, Model, ModelRefusal, kv_storage_of
+from ..oracle.model import OUTSIDE, CellContext, Model, ModelRefusal, kv_storage_of, open_range
 from ..protocol.kinds import Capability, ErrorKind
 from ..protocol.model import ModelLimits, ModelPolicy
 from ..traces.recording import Draws, NotApplicable, initialize, invariant, rule
@@ -71,6 +73,38 @@ WINDOW_CHANGES = (("remove to the end", Capability.SEQ_REMOVE), ("remove in the 
                   ("copied into another", Capability.SEQ_COPY),
                   ("saved, loaded under another id", Capability.SEQ_STATE))
 WINDOW_CHANGES_TO_ANOTHER = ("copied into another", "saved, loaded under another id")
+
+# -- the window's edges on purpose (issue 37): a windowed sequence outgrown, then each operation around the
+# oldest position its next token sees (``edge``: max + 2 - W); the cases each rule counts (the exercise table's
+# columns) --
+BEYOND = (1, 3)  # a sequence outgrows the window to W + 1 or W + 3 positions
+OUTGROWN, OUTGROWN_FAR = "window outgrown", "window outgrown by more than two"
+CHUNK_AFTER = "chunk after the window was outgrown"
+EDGE_REMOVALS = ("at the end", "in the middle")
+REMOVED_ACROSS = {where: f"removal {where} across the window edge" for where in EDGE_REMOVALS}
+SEEN_AGAIN = "cell out of the window seen again"  # a removal at the end brings older cells back into the window
+MOVED_PARTS = ("the cells in the window", "the cells out of it")
+MOVED_ACROSS = {"shift": "shift across the window edge", "divide": "divide across the window edge"}
+COPIED_PARTS = ("whole", *MOVED_PARTS)
+COPIED, COPIED_OUT = "copy of an outgrown sequence", "copy of the cells out of the window"
+OUTGROWN_LOADS = ("itself, after more tokens", "another sequence", "a fresh context")
+LOADED_INTO = {place: f"outgrown sequence loaded into {place}" for place in OUTGROWN_LOADS}
+STRADDLING, CROSSING = "straddling batch", "straddling batch, a sequence crossing the edge in it"
+WINDOW_EDGE_CASES = (OUTGROWN, OUTGROWN_FAR, CHUNK_AFTER, *REMOVED_ACROSS.values(), SEEN_AGAIN, *MOVED_ACROSS.values(),
+                     COPIED, COPIED_OUT, *LOADED_INTO.values(), STRADDLING, CROSSING)
+
+
+def _outgrowable(machine: ModelMachine) -> bool:
+    """The drawn model has a window (drawn only where ``sliding_window`` is declared), and a store of the context
+    holds a sequence past it with a cell to spare (W + 2 cells), or grows."""
+    window = machine.config.window
+    return window is not None and (machine.grows or machine.oracles[0].capacity >= window + 2)
+
+
+def _edge_seen(machine: ModelMachine) -> bool:
+    """As ``_outgrowable``, and a window of 2 or more: a next token sees some held cell, so an operation can move
+    the edge across one."""
+    return _outgrowable(machine) and (machine.config.window or 0) >= 2
 
 
 class ModelMachine(ConformanceMachine):
@@ -494,8 +528,9 @@ class ModelMachine(ConformanceMachine):
             return open_end("p0"), p
         return p, p + data.draw(st.integers(1, 3), label="width")
 
-    def _sequence_call(self, operation: str, what: str, on_oracle: Any, action: Any, **details: Any) -> None:
-        self._operation(what, on_oracle, action, may_refuse=self._may_refuse(operation, details), **details)
+    def _sequence_call(self, operation: str, what: str, on_oracle: Any, action: Any,
+                       **details: Any) -> tuple[Judged, list[Any] | None]:
+        return self._operation(what, on_oracle, action, may_refuse=self._may_refuse(operation, details), **details)
 
     def _may_refuse(self, operation: str, arguments: dict[str, Any]) -> ErrorKind | None:
         """The kind a valid sequence operation may still be refused with, as ``model_policy`` declares (each such
@@ -549,15 +584,17 @@ class ModelMachine(ConformanceMachine):
             self._range(data, src)
         self._copy(src, dst, p0, p1)
 
-    def _copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+    def _copy(self, src: int, dst: int, p0: int, p1: int) -> bool:
+        """Copy ``[p0, p1)`` of ``src`` into ``dst``; whether it was done."""
         nonempty = self.oracles[0].pos_max(dst) >= 0
         into = "non-empty" if nonempty else "empty"
         if nonempty:
             self.exercised("copy into a non-empty sequence")
-        self._sequence_call("copy", f"copy [{p0}, {p1}) of sequence {src} into {into} sequence {dst}",
+        judged, results = self._sequence_call("copy", f"copy [{p0}, {p1}) of sequence {src} into {into} sequence {dst}",
                             lambda o: o.copy(src, dst, p0, p1),
                             lambda: self.adapter.seq_copy(self.context, src, dst, p0, p1),
                             src=src, dst=dst, p0=p0, p1=p1)
+        return results is not None and judged.to_judge
 
     @rule(data=st.data(), requires=[Capability.SEQ_KEEP])
     def keep(self, data: Draws) -> None:
@@ -894,6 +931,298 @@ class ModelMachine(ConformanceMachine):
         self._load(data, "a fresh context" if fresh else "this context", index=len(self.saved) - 1, seq=target)
         self._decode_one(data, target)
 
+    # -- the window's edges on purpose (issue 37): a windowed sequence outgrown -- more than W positions from its
+    # oldest to its newest, so its newest token no longer sees its oldest -- then each operation around the oldest
+    # position the next token sees (``edge``), set up whole in one rule. Each call is judged as its own rule judges
+    # it, by the cell model: a store that evicts what no window can see, or a model whose global layers see every
+    # cell, changes what is due, not what is drawn --
+
+    def _edge(self, seq: int) -> int:
+        """The oldest position ``seq``'s next token (at its largest + 1) sees in a windowed layer."""
+        return self.oracles[0].pos_max(seq) + 2 - (self.config.window or 0)
+
+    def _in_the_window(self, seq: int) -> set[int]:
+        """The cells of ``seq`` (by identity) its next token sees in a windowed layer."""
+        edge = self._edge(seq)
+        return {id(cell) for cell in self.oracles[0].cells_of(seq) if cell.position >= edge}
+
+    def _make_room(self, seq: int, needed: int, keep: tuple[int, ...] = ()) -> None:
+        """The sequences of ``seq``'s store (but those of ``keep``), others first, removed whole one by one until it
+        has ``needed`` free cells (nothing where the context grows or removals are not declared)."""
+        if self.grows or not self.has(Capability.SEQ_REMOVE):
+            return
+        for other in [*self._sharing_the_store(seq)[1:], seq]:
+            oracle = self.oracles[0]
+            if oracle.free(oracle.store_of(seq)) >= needed:
+                return
+            if other not in keep and oracle.pos_max(other) >= 0:
+                self._sequence_call("remove", f"remove [-1, -1) of sequence {other}, making room",
+                                    lambda o, s=other: o.remove(s, -1, -1),
+                                    lambda s=other: self.adapter.seq_remove(self.context, s, -1, -1),
+                                    seq=other, p0=-1, p1=-1)
+
+    def _chunk(self, data: Draws, seq: int, count: int, what: str) -> int:
+        """Up to ``count`` tokens of ``seq`` in one batch (as many as its store's room, the batch size and the
+        positions allow); how many were decoded."""
+        oracle = self.oracles[0]
+        free = count if self.grows else oracle.free(oracle.store_of(seq))
+        count = min(count, free, self.max_batch, POSITION_CEILING - 1 - max(oracle.pos_max(seq), 3))
+        if count < 1:
+            return 0
+        before = len(oracle.cells_of(seq))
+        self._decode(f"{what} of sequence {seq}", self._batch(data, [seq], [count], mixed=False))
+        return max(0, len(self.oracles[0].cells_of(seq)) - before)
+
+    def _outgrow(self, data: Draws, seq: int, beyond: int, keep: tuple[int, ...] = (), reserve: int = 1) -> bool:
+        """``seq`` decoded in chunks of 1 to MAX_PROMPT tokens until its newest position is ``W + beyond - 1``
+        past the oldest it held when this began (a chunk may cross the window's edge within itself), or its store
+        has only ``reserve`` cells left for what follows; room made first by removing other sequences of its store
+        (but ``keep``), and ``seq`` itself started anew where its positions or its store are too short. Whether
+        it spans more than W positions."""
+        window = self.config.window or 0
+        oracle = self.oracles[0]
+        goal = window + beyond if self.grows else max(window + 1, min(window + beyond, oracle.capacity - reserve))
+        top, held = oracle.pos_max(seq), len(oracle.cells_of(seq))
+        short = not self.grows and held + goal - (top - oracle.pos_min(seq) + 1) > oracle.capacity - reserve
+        if top >= 0 and self.has(Capability.SEQ_REMOVE) and (top + goal + MAX_PROMPT >= POSITION_CEILING or short):
+            self._sequence_call("remove", f"remove [-1, -1) of sequence {seq}, starting it anew",
+                                lambda o: o.remove(seq, -1, -1),
+                                lambda: self.adapter.seq_remove(self.context, seq, -1, -1), seq=seq, p0=-1, p1=-1)
+        start = self.oracles[0].pos_min(seq) if self.oracles[0].pos_max(seq) >= 0 else None
+
+        def reach() -> int:
+            top = self.oracles[0].pos_max(seq)
+            return 0 if top < 0 or start is None else top - start + 1
+
+        for _ in range(goal):  # each pass decodes at least one token, or stops
+            missing = goal - reach()
+            if missing <= 0:
+                break
+            self._make_room(seq, min(missing, MAX_PROMPT), keep=(seq, *keep))
+            count = data.draw(st.integers(1, MAX_PROMPT), label="chunk")
+            if not self._chunk(data, seq, min(count, missing), "tokens outgrowing the window"):
+                break  # its store is full: as far as it holds
+            if start is None:
+                start = self.oracles[0].pos_min(seq)
+        if reach() > window:
+            self.exercised(OUTGROWN)
+        if reach() > window + 2:
+            self.exercised(OUTGROWN_FAR)
+        return reach() > window
+
+    def _next_chunk(self, data: Draws, seq: int) -> None:
+        """One token or a chunk of 2-3 of ``seq``, judged against the cells its window sees now."""
+        self._chunk(data, seq, data.draw(st.integers(1, 3), label="next tokens"), "tokens")
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW], when=_outgrowable)
+    def outgrow_the_window(self, data: Draws) -> None:
+        """A sequence decoded in chunks until it spans W + 1 or W + 3 positions (a chunk may cross the window's
+        edge within itself), then a chunk of 2-4 tokens: each new token sees only the last W positions, and a
+        chunk's first token sees cells its last does not."""
+        seq = self._a_sequence(data)
+        if not self._outgrow(data, seq, data.draw(st.sampled_from(BEYOND), label="beyond the window by"),
+                             reserve=2):
+            return
+        self._make_room(seq, MAX_PROMPT, keep=(seq,))
+        if self._chunk(data, seq, data.draw(st.integers(2, MAX_PROMPT), label="tokens after"), "a chunk after "
+                       "the window was outgrown") >= 2:
+            self.exercised(CHUNK_AFTER)
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_REMOVE], when=_edge_seen)
+    def remove_across_the_window_edge(self, data: Draws) -> None:
+        """An outgrown sequence's cells removed from one before to one past the window's edge, a middle range of
+        one or two positions, then to the end (its next token then sees cells that were out of its window); after
+        each, a token or a chunk of it decoded."""
+        seq = self._a_sequence(data)
+        if not self._outgrow(data, seq, data.draw(st.sampled_from(BEYOND), label="beyond the window by")):
+            return
+        for where in (EDGE_REMOVALS[1], EDGE_REMOVALS[0]):
+            edge = self._edge(seq)
+            p0 = max(0, edge + data.draw(st.integers(-1, 1), label="from the edge"))
+            p1 = (int(data.draw(st.sampled_from(OPEN_ENDS), label="open p1")) if where == EDGE_REMOVALS[0]
+                  else p0 + data.draw(st.integers(1, 2), label="width"))
+            judged, results = self._sequence_call(
+                "remove", f"remove [{p0}, {p1}) of sequence {seq}, {where}, across the window's edge at {edge}",
+                lambda o, p0=p0, p1=p1: o.remove(seq, p0, p1),
+                lambda p0=p0, p1=p1: self.adapter.seq_remove(self.context, seq, p0, p1), seq=seq, p0=p0, p1=p1)
+            if results is not None and judged.to_judge and self.oracles[0].pos_max(seq) >= 0:
+                self.exercised(REMOVED_ACROSS[where])
+                if any(edge > cell.position >= self._edge(seq) for cell in self.oracles[0].cells_of(seq)):
+                    self.exercised(SEEN_AGAIN)
+            self._next_chunk(data, seq)
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW],
+          when=lambda self: _edge_seen(self) and bool(self.moves), relies_on=[NEGATIVE_SHIFT])
+    def move_across_the_window_edge(self, data: Draws) -> None:
+        """An outgrown sequence's cells in its window (from about the edge to the end) or out of it (from the
+        start to about the edge) shifted by -3..3, then divided by 2 or 3 (those declared), each chosen so that
+        cells cross into or out of the window of its next token where some such move exists (keys re-rotated,
+        values as computed); after each, a token or a chunk of it decoded."""
+        seq = self._a_sequence(data)
+        if not self._outgrow(data, seq, data.draw(st.sampled_from(BEYOND), label="beyond the window by")):
+            return
+        for move in ("shift", "divide"):  # each declared move in turn, a token or a chunk decoded after each
+            if not data.draw(st.just(move in self.moves), label=f"{move} across the edge"):
+                continue
+            if move not in self.moves:  # only a replayed trace gives one: the live draw is of what is declared
+                raise NotApplicable(f"the recorded move is a {move}, which {self.adapter.name} does not declare")
+            edge = self._edge(seq)
+            options = [(p0, p1, amount) for at in (edge - 1, edge, edge + 1) if at >= 0
+                       for p0, p1 in ((at, -1), (-1, at)) for amount in self._amounts(move, seq, p0, p1)]
+            if not options or self.oracles[0].pos_max(seq) < 0:
+                return
+            crossing = [option for option in options if self._crosses(seq, move, *option)]
+            p0, p1, amount = data.draw(st.sampled_from(crossing or options), label=f"{move} range and amount")
+            crosses = self._crosses(seq, move, p0, p1, amount)
+            what = f"{move} [{p0}, {p1}) of sequence {seq} by {amount}, across the window's edge at {edge}"
+            if move == "shift":
+                self._move("shift", what, lambda o, a=amount, r=(p0, p1): o.shift(seq, *r, a),
+                           lambda a=amount, r=(p0, p1): self.adapter.seq_shift(self.context, seq, *r, a), seq=seq,
+                           p0=p0, p1=p1, delta=amount)
+            else:
+                self._move("divide", what, lambda o, a=amount, r=(p0, p1): o.divide(seq, *r, a),
+                           lambda a=amount, r=(p0, p1): self.adapter.seq_divide(self.context, seq, *r, a), seq=seq,
+                           p0=p0, p1=p1, d=amount)
+            if self.move_pending and crosses:
+                self.exercised(MOVED_ACROSS[move])
+            self._next_chunk(data, seq)
+
+    def _amounts(self, move: str, seq: int, p0: int, p1: int) -> list[int]:
+        """The shifts (-3..3 but 0, within the positions and the declared negative_shift) or divisors (2, 3) of
+        ``[p0, p1)`` of ``seq`` the suite draws."""
+        if move == "divide":
+            return [2, 3]
+        low, high = self._moved(seq, p0, p1)
+        least = -3 if self.policy.negative_shift == "removed" else max(-3, -low)
+        return [d for d in range(least, min(3, POSITION_CEILING - 1 - high) + 1) if d != 0]
+
+    def _crosses(self, seq: int, move: str, p0: int, p1: int, amount: int) -> bool:
+        """Whether moving ``[p0, p1)`` of ``seq`` so changes which of its cells still held its next token sees in
+        a windowed layer (worked out on the positions, before the move)."""
+        window = self.config.window or 0
+        low, high = open_range(p0, p1)
+        cells = self.oracles[0].cells_of(seq)
+        moved = [(cell.position + amount if move == "shift" else cell.position // amount)
+                 if low <= cell.position < high else cell.position for cell in cells]
+        held = [(cell, after) for cell, after in zip(cells, moved) if after >= 0]
+        if not held:
+            return False
+        edge, top = self._edge(seq), max(after for _, after in held)
+        return any((cell.position >= edge) != (after >= top + 2 - window) for cell, after in held)
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_COPY],
+          when=lambda self: _edge_seen(self) and self.sequences > 1, relies_on=WHOLE_COPIES)
+    def copy_an_outgrown_sequence(self, data: Draws) -> None:
+        """An outgrown sequence's cells in the window or out of it (from about the edge) copied into another,
+        then the whole sequence (where only whole copies are declared, that alone); after each copy, a token of
+        each decoded in one batch: the destination's sees the copied cells in its own window, the source's its
+        own."""
+        src, dst = data.draw(st.permutations(range(self.sequences)), label="sequences")[:2]
+        if not self._outgrow(data, src, data.draw(st.sampled_from(BEYOND), label="beyond the window by")):
+            return
+        parts = [COPIED_PARTS[0]] if self.whole_copies_only else [
+            data.draw(st.sampled_from(COPIED_PARTS[1:]), label="copied first"), COPIED_PARTS[0]]
+        for part in parts:
+            at = max(0, self._edge(src) + data.draw(st.integers(-1, 1), label="from the edge"))
+            p0, p1 = {COPIED_PARTS[0]: (-1, -1), COPIED_PARTS[1]: (at, -1), COPIED_PARTS[2]: (-1, at)}[part]
+            self._make_room(dst, len(self.oracles[0].cells_of(src)), keep=(src,))
+            if not self._copy(src, dst, p0, p1):
+                return
+            if part == COPIED_PARTS[0]:
+                self.exercised(COPIED)
+            if part == COPIED_PARTS[2] and self.oracles[0].pos_max(dst) >= 0:
+                self.exercised(COPIED_OUT)
+            self._make_room(src, 2, keep=(src, dst))
+            self._decode(f"a token of each of sequences {[src, dst]}",
+                         self._batch(data, [src, dst], [1, 1], mixed=False))
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW, Capability.SEQ_STATE], when=_edge_seen)
+    def save_and_load_an_outgrown_sequence(self, data: Draws) -> None:
+        """An outgrown sequence saved, more of its tokens decoded, and the state loaded back into it (a rollback:
+        its window goes back too); then loaded again into another sequence (where one can hold it) and into a fresh
+        context. After each load, a token or a chunk of the sequence loaded into decoded."""
+        seq = self._a_sequence(data)
+        # another sequence whose store holds the state beside the outgrown one, or is another store
+        room = self.grows or self.oracles[0].capacity >= 2 * (self.config.window or 0) + 2
+        others = [s for s in range(self.sequences) if s != seq and (room or s not in self._sharing_the_store(seq))]
+        places = OUTGROWN_LOADS if others else OUTGROWN_LOADS[::2]
+        target, reserve, beside = seq, 2, False
+        if others:
+            target = data.draw(st.sampled_from(others), label="into")
+            beside = target in self._sharing_the_store(seq)
+            if beside:  # the state must fit beside the sequence saved
+                reserve = max(reserve, (self.oracles[0].capacity + 1) // 2)
+        if not self._outgrow(data, seq, data.draw(st.sampled_from(BEYOND), label="beyond the window by"),
+                             keep=(target,) if target != seq else (), reserve=reserve):
+            return
+        if not self._save(seq):
+            return
+        index, count = len(self.saved) - 1, self.saved[-1][2]
+        self._make_room(seq, 3, keep=(seq, target))
+        self._next_chunk(data, seq)
+        for where in places:
+            if where == OUTGROWN_LOADS[1]:
+                self._make_room(target, count - self.oracles[0].own_cells(target), keep=(seq, target))
+            if where == OUTGROWN_LOADS[2]:
+                self._new_context()
+            loaded_into = seq if where != OUTGROWN_LOADS[1] else target
+            if self._load(data, "a fresh context" if where == OUTGROWN_LOADS[2] else "this context", index=index,
+                          seq=loaded_into):
+                self.exercised(LOADED_INTO[where])
+                if where == OUTGROWN_LOADS[0] and beside:
+                    continue  # no more tokens of it: the state is loaded beside it next
+                self._make_room(loaded_into, 3, keep=(seq, target))
+                self._next_chunk(data, loaded_into)
+
+    @rule(data=st.data(), requires=[Capability.SLIDING_WINDOW],
+          when=lambda self: _outgrowable(self) and self.sequences > 1)
+    def batch_straddling_the_window_edge(self, data: Draws) -> None:
+        """One batch of several sequences, some past the window and some within it (holding fewer than W
+        positions, empty or not; on purpose, one crossing the edge inside the batch), in sequence order or
+        interleaved: each token sees its own sequence's last W positions."""
+        long, short, *rest = data.draw(st.permutations(range(self.sequences)), label="sequences")
+        if not self._outgrow(data, long, 1, keep=(short,)):
+            return
+        window = self.config.window or 0
+        oracle = self.oracles[0]
+        if oracle.pos_max(short) >= 0 and oracle.pos_max(short) - oracle.pos_min(short) + 1 >= window:
+            if not self.has(Capability.SEQ_REMOVE):
+                return
+            self._sequence_call("remove", f"remove [-1, -1) of sequence {short}, to hold fewer than the window",
+                                lambda o: o.remove(short, -1, -1),
+                                lambda: self.adapter.seq_remove(self.context, short, -1, -1), seq=short, p0=-1, p1=-1)
+        oracle = self.oracles[0]
+        span = oracle.pos_max(short) - oracle.pos_min(short) + 1 if oracle.pos_max(short) >= 0 else 0
+        if oracle.pos_max(long) < 0 or span >= window:  # a call above raised, or replaced the context
+            return
+        chosen = [long, short, *rest[:data.draw(st.integers(0, len(rest)), label="others")]]
+        crossing = data.draw(st.booleans(), label="short one crossing the edge")
+        counts = {long: data.draw(st.integers(1, 2), label="long tokens"),
+                  short: window - span + 1 if crossing else data.draw(st.integers(1, window - span), label="short "
+                                                                                                        "tokens"),
+                  **{seq: data.draw(st.integers(1, 2), label="other tokens") for seq in chosen[2:]}}
+        for seq in chosen:  # room made, then what does not fit left out: the others first, then the short one's
+            store = self._sharing_the_store(seq)
+            self._make_room(seq, sum(counts[s] for s in chosen if s in store), keep=tuple(chosen))
+            oracle = self.oracles[0]
+            while not self.grows and sum(counts[s] for s in chosen if s in store) > oracle.free(oracle.store_of(seq)):
+                if len(chosen) > 2 and chosen[-1] in store:
+                    chosen.pop()
+                elif counts[short] > 1 and short in store:
+                    counts[short] -= 1
+                elif counts[long] > 1 and long in store:
+                    counts[long] -= 1
+                else:
+                    return  # not even a token of each fits
+        batch = self._batch(data, chosen, [counts[s] for s in chosen], mixed=data.draw(st.booleans(),
+                                                                                        label="interleaved"))
+        before = len(self.oracles[0].cells_of(short))
+        self._decode(f"a batch of sequences {chosen} straddling the window's edge", batch)
+        if len(self.oracles[0].cells_of(short)) > before:
+            self.exercised(STRADDLING)
+            if span + batch.sequences.count(short) > window:
+                self.exercised(CROSSING)
+
     # Only where a cell is held: a clear of an empty context judges nothing, and as the one rule without
     # arguments it is Hypothesis's first choice, so programs of nothing but clears were a third of the steps.
     @rule(when=lambda self: any(self.oracles[0].stores))
@@ -938,7 +1267,7 @@ class ModelMachine(ConformanceMachine):
         return ["sink kept past a wrap" for seq in sorted(set(named)) if named.count(seq) >= 2
                 and any(c.position < sinks for c in oracle.cells_of(seq)) and oracle.pos_max(seq) + 1 >= sinks + window]
 
-    def _outgrow(self, data: Draws, seq: int) -> None:
+    def _outgrow_the_room(self, data: Draws, seq: int) -> None:
         """``seq`` decoded past its window and, where its store has a room, past it by a token or two (a store that
         evicts lazily, as llama.cpp's, evicts only then)."""
         self._held(data, seq, 2)
@@ -959,7 +1288,7 @@ class ModelMachine(ConformanceMachine):
         if others and self.has(Capability.SEQ_COPY) and data.optional(st.booleans(), "forked first", False):
             self._held(data, seq, 2)  # a copy sharing its cells: what one outgrows the other may still see
             self._copy(seq, data.draw(st.sampled_from(others), label="fork"), -1, -1)
-        self._outgrow(data, seq)
+        self._outgrow_the_room(data, seq)
         offered = [name for name, capability in WINDOW_CHANGES if self.has(capability)
                    and (name not in WINDOW_CHANGES_TO_ANOTHER or others)]
         oracle = self.oracles[0]
@@ -1058,7 +1387,7 @@ class ModelMachine(ConformanceMachine):
                            label="sink tokens")
         self._decode(f"prompt of sequence {seq} from position 0", ModelBatch.of_sequence(seq, tokens, 0))
         if self.evicting:
-            self._outgrow(data, seq)
+            self._outgrow_the_room(data, seq)
         for _ in range(target):
             if self.oracles[0].pos_max(seq) + 1 >= target:
                 break
