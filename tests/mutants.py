@@ -941,13 +941,13 @@ MODEL_MUTANTS = (
     # out of a token's window; the machine's window-edge rules bring such cells back (a removal at the end, a shift
     # or divide across the edge): killed at the ci seed's 7th example, where before them the 82nd was the first
     Mutant("model_window_drops_cells_for_good", "model.py",
-           (("            self.members[stream, slot] = named[i]\n        return result\n",
+           (("            self.members[stream, slot] = named[i]\n        self._mark_filled()\n",
              "            self.members[stream, slot] = named[i]\n"
              "            if s.window is not None:  # what fell out of this token's window is never attended again\n"
              "                gone = self.members[stream, :, sequences[i]] & (self.positions[stream] <= positions[i]"
              " - s.window)\n"
              "                self.tokens[stream, gone] = -1\n"
-             "        return result\n"),
+             "        self._mark_filled()\n"),
             (HELD_CELLS_SEEN, HELD_CELLS_SEEN + "                held &= (self.tokens[stream] >= 0)[None, :]\n")),
            "keeps the cells out of a windowed token's window but never attends them again, also where a removal at "
            "the end, a shift or a divide brings them back into the window", "model"),
