@@ -762,7 +762,7 @@ class PagedCacheMachine(ConformanceMachine):
         # On purpose, the pool filled to its last free block: the cached copy alone then leaves no room for the
         # extension's new block, and only the in-use copy would (full is due under "cached_first").
         exactly = data.optional(g.on_purpose("filled as drawn", "filled exactly"), "fill", "filled as drawn")
-        while self.state.free and (exactly == "filled exactly" or data.draw(st.booleans(), label="fill the pool")):
+        while (exactly == "filled exactly" or data.draw(st.booleans(), label="fill the pool")) and self.state.free:
             room = min(MAX_LENGTH, self.state.free * self.block_size)  # free blocks only: no eviction
             filler = data.draw(g.token_lists(self.config.vocab, room if exactly == "filled exactly" else 1, room),
                                label="filler")
