@@ -36,8 +36,7 @@ class Run:
     key: str
     factory: str
     in_ci: bool = True  # False: run by a full report only
-    # a windowed model's configuration (issue 37): its declarations need the oracle and stores branches merged;
-    # run with --windows only
+    # a windowed model's configuration (issue 37): run with --windows (or by name with --only)
     windows: bool = False
 
 
@@ -90,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{PUBLISHED.relative_to(ROOT)}) instead of comparing")
     parser.add_argument("--ci", action="store_true", help="only the configurations marked in_ci")
     parser.add_argument("--only", default=None, metavar="KEY,...", help="just these configurations")
-    parser.add_argument("--windows", action="store_true", help="also the windowed models' configurations (they "
-                        "need issue 37's oracle and stores declarations)")
+    parser.add_argument("--windows", action="store_true", help="also the windowed models' configurations "
+                        "(gemma3, docs/llama-cpp/windows.md)")
     options = parser.parse_args(argv)
     only = set(options.only.split(",")) if options.only else None
     unknown = (only or set()) - {plan.key for plan in PLAN}
