@@ -63,36 +63,26 @@ def _rows_for_interleaved(matrix: np.ndarray, heads: int, head_width: int, style
 GEMMA3_SWITCHES = ("embedding_scale", "qk_norm", "post_norms")  # and activation "gelu_tanh"
 
 
-def _switch(config: Any, name: str, default: Any = False) -> Any:
-    """A field of the model of issue 37 (oracle branch): read with its llama default, so that a ModelConfig
-    without it still writes."""
-    return getattr(config, name, default)
-
-
-def architecture(config: Any) -> str:
+def architecture(config: ModelConfig) -> str:
     """``llama`` for today's model (no window); ``gemma3`` for a model with Gemma 3's switches all on
     (``embedding_scale``, ``qk_norm``, ``post_norms``, ``activation`` "gelu_tanh"): llama.cpp's gemma3 builds
     every one of them unconditionally, so a model with some but not all has no arch here."""
     names = (*GEMMA3_SWITCHES, "gelu_tanh")
-    gemma = [bool(_switch(config, name)) for name in GEMMA3_SWITCHES] + [
-        _switch(config, "activation", "silu") == "gelu_tanh"]
+    gemma = [bool(getattr(config, name)) for name in GEMMA3_SWITCHES] + [config.activation == "gelu_tanh"]
     if all(gemma):
         return "gemma3"
     if any(gemma):
         raise UnsupportedModel("llama.cpp's gemma3 builds embedding_scale, qk_norm, post_norms and gelu_tanh "
                                f"together; the model has only {[n for n, on in zip(names, gemma) if on]}")
-    if config.window is not None or _switch(config, "local_rope_base", None) is not None:
+    if config.window is not None or config.local_rope_base is not None:
         raise UnsupportedModel(f"llama.cpp's arch llama has no sliding window; the model declares window "
                                f"{config.window} (a windowed model is written as gemma3, with its switches)")
     return "llama"
 
 
-def layer_windowed(config: Any) -> list[bool]:
-    """Whether each layer is windowed: the oracle's ``layer_window`` when it has one, else every layer when
-    ``window`` is set (today's meaning)."""
-    if hasattr(config, "layer_window"):
-        return [config.layer_window(i) is not None for i in range(config.layers)]
-    return [config.window is not None] * config.layers
+def layer_windowed(config: ModelConfig) -> list[bool]:
+    """Whether each layer is windowed (the model's ``layer_window``)."""
+    return [config.layer_window(i) is not None for i in range(config.layers)]
 
 
 def check_supported(config: ModelConfig) -> None:
@@ -149,7 +139,7 @@ def write_gguf(path: str | Path, config: ModelConfig, weights: ModelWeights, *, 
             writer.add_array(f"{arch}.attention.sliding_window_pattern", windowed)
         else:  # a window with no layer windowed aborts the context (repro_swa_pattern_all_global_aborts.py)
             writer.add_sliding_window(0)  # 0: no window, one plain store
-        local = _switch(config, "local_rope_base", None)
+        local = config.local_rope_base
         writer.add_rope_freq_base_swa(float(local if local is not None else config.rope_base))
 
     tokens = list(SPECIAL_TOKENS) + [f"tok{i}" for i in range(len(SPECIAL_TOKENS), config.vocab)]

@@ -40,10 +40,6 @@ def test_return_codes_become_error_kinds() -> None:
     assert adapter.seq_pos_max(context, 0) == -1  # nothing was decoded
 
 
-WIDENED = "embedding_scale" in ModelConfig.__dataclass_fields__  # issue 37's model (the oracle branch)
-
-
-@pytest.mark.skipif(not WIDENED, reason="needs issue 37's widened ModelConfig (Gemma 3's switches)")
 @pytest.mark.parametrize("swa_full", [True, False], ids=["swa_full", "swa_small"])
 def test_a_windowed_model_runs_as_gemma3_and_a_load_keeps_the_window(swa_full: bool) -> None:
     from adapters.llama_cpp import LlamaCppConfig

@@ -74,10 +74,6 @@ def test_what_arch_llama_cannot_express_is_refused(tmp_path: Path) -> None:
         write_gguf(tmp_path / "m.gguf", small, random_model_weights(small, 0))
 
 
-WIDENED = "embedding_scale" in ModelConfig.__dataclass_fields__  # issue 37's model (the oracle branch)
-needs_widened = pytest.mark.skipif(not WIDENED, reason="needs issue 37's widened ModelConfig (Gemma 3's switches)")
-
-
 def gemma3(**fields):  # Gemma 3's switches on, a window of 3 in every second layer
     gemma = {"rope_style": "half_split", "rope_base": 1e6, "local_rope_base": 10000.0, "window": 3,
              "window_pattern": 2, "embedding_scale": True, "qk_norm": True, "post_norms": True,
@@ -85,7 +81,6 @@ def gemma3(**fields):  # Gemma 3's switches on, a window of 3 in every second la
     return ModelConfig(**{**gemma, **fields})
 
 
-@needs_widened
 @pytest.mark.parametrize("style", ["half_split", "interleaved"])
 def test_a_gemma3_model_writes_its_window_pattern_bases_and_norms(style: str, tmp_path: Path) -> None:
     import gguf
@@ -107,7 +102,6 @@ def test_a_gemma3_model_writes_its_window_pattern_bases_and_norms(style: str, tm
     assert "output.weight" not in tensors  # tied
 
 
-@needs_widened
 def test_a_gemma3_model_without_a_windowed_layer_is_written_without_a_window(tmp_path: Path) -> None:
     import gguf  # a window over an all-false pattern aborts llama.cpp (repro_swa_pattern_all_global_aborts.py)
 
@@ -118,7 +112,6 @@ def test_a_gemma3_model_without_a_windowed_layer_is_written_without_a_window(tmp
     assert "gemma3.attention.sliding_window_pattern" not in fields
 
 
-@needs_widened
 def test_part_of_gemma3s_switches_has_no_arch(tmp_path: Path) -> None:
     config = gemma3(post_norms=False)
     with pytest.raises(UnsupportedModel, match="together"):

@@ -67,9 +67,9 @@ COPIES = ("merge", "replace", "whole_only")  # into a non-empty destination: kee
 NEGATIVE_SHIFTS = ("removed", "not_drawn")  # a cell shifted below position 0: removed (llama.cpp); never drawn
 FLAG_LIMITS = ("model_width_divisible_by_heads",)  # the model_limits that are bools (the others: ints >= 1)
 # the model_limits that are neither bools nor ints >= 1: the architectures an engine runs the model as (a non-empty
-# list drawn from ARCHITECTURES; default llama alone), the one window pattern it builds (an int k >= 2: llama.cpp's
-# gemma3 windows every layer but each sixth) and the one RoPE base of its windowed layers (a float: llama.cpp's
-# gemma3, 10000)
+# list drawn from ARCHITECTURES; default llama alone), the one window pattern it builds (an int k >= 2: an engine
+# hard-coding Gemma 3's, every sixth layer global) and the one RoPE base of its windowed layers (a float: Gemma 3's
+# 10000); llama.cpp's gemma3 reads both from the GGUF
 ARCHITECTURE_LIMITS = ("architectures", "window_pattern", "local_rope_base")
 # the suite's batches hold at most 8 tokens: a micro-batch of at most 4 is split at least once by the longest
 MAX_MICRO_BATCH = 4
