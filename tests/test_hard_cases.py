@@ -33,6 +33,7 @@ from kvcache_conformance.machines.operations import (
     CHUNK_MEETS,
     CUTS,
     EVICTED_CUTS,
+    NEGATIVE,
     REJECTED_CHUNK_MEETS,
     REORDERS,
     SELECTIONS,
@@ -178,7 +179,7 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
 
         def call(self, what: str, action: Any, **details: Any) -> Judged:
             situation = ({"held": len(self.model.rows), "full": self.full, "wrapped": self.wrapped(),
-                          "batch": self.model.batch_size}
+                          "batch": self.model.batch_size, "capacity": self.config.capacity}
                          if hasattr(self, "model") else {"held": len(self.tokens), "window": self.config.window}
                          if hasattr(self, "tokens") else {})
             situation.update(reused=details.get("reused", 0), due=details.get("due"), meets=self.drawn_case(),
@@ -308,25 +309,28 @@ def test_grouped_layers_on_purpose_share_each_of_two_kv_heads_or_more() -> None:
 
 @pytest.mark.slow
 def test_cuts_after_the_window_evicts_reach_rows_a_ring_let_go() -> None:
-    """In the window run, a cut drawn into what a ring let go: W + S + 1 rows held or more, n from S + 1 to two
-    below the length (the next query at n sees a row out of the ring); where the ring has no sinks, the reference
-    has let it go, and the cut may be refused with EVICTED."""
+    """In the window run, a cut drawn into what a ring let go (by the cut after the window evicts, and by truncate
+    where a window of 2 or more and W + S + 1 rows fit): W + S + 1 rows held or more, n from S + 1 to two below the
+    length (the next query at n sees a row out of the ring); where the ring has no sinks, the reference has let it
+    go, and the cut may be refused with EVICTED."""
     Seen.clear()
     drive(watched(CacheOperationsMachine, make_full_declaration_adapter(), windowed=True), dev())
-    cuts = [(what, s) for r, what, s in Seen.calls if r == "truncate_after_the_window_evicts"
-            and what.startswith("truncate") and s["draws"].get("evicts") == EVICTED_CUTS[1]]
-    assert len(cuts) >= 3, len(cuts)
-    for what, s in cuts:
-        length, n = (int(part) for part in what.removeprefix("truncate a cache of ").split(" rows to "))
-        assert s["window"] >= 2 and length >= s["window"] + s["sinks"] + 1 and s["sinks"] + 1 <= n <= length - 2, what
-    assert sum(1 for _, s in cuts if s["sinks"] == 0 and s["due"].may_refuse == ErrorKind.EVICTED) >= 3
+    for rule, label in (("truncate_after_the_window_evicts", "evicts"), ("truncate", "cuts")):
+        cuts = [(what, s) for r, what, s in Seen.calls if r == rule and what.startswith("truncate")
+                and s["draws"].get(label) == EVICTED_CUTS[1] and s["window"] >= 2
+                and s["window"] + s["sinks"] + 1 <= s["capacity"]]
+        assert len(cuts) >= 3, (rule, len(cuts))
+        for what, s in cuts:
+            length, n = (int(part) for part in what.removeprefix("truncate a cache of ").split(" rows to "))
+            assert length >= s["window"] + s["sinks"] + 1 and s["sinks"] + 1 <= n <= length - 2, (rule, what)
+        assert sum(1 for _, s in cuts if s["sinks"] == 0 and s["due"].may_refuse == ErrorKind.EVICTED) >= 2, rule
 
 
 @pytest.mark.slow
 def test_negative_reorder_indices_are_handed_to_caches_holding_rows() -> None:
     Seen.clear()
     drive(watched(CacheOperationsMachine, make_full_declaration_adapter()), dev())
-    made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["meets"] == REORDERS[2]
+    made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["draws"].get("negative") == NEGATIVE[1]
             and what.startswith("reorder")]
     assert len(made) >= 3 and all(s["held"] > 0 and s["due"].kind == ErrorKind.INVALID_INDICES and "(negative)" in what
                                   for what, s in made), made
