@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
@@ -26,11 +27,13 @@ from hypothesis.stateful import run_state_machine_as_test
 from impl.conformance import make_full_declaration_adapter
 from kvcache_conformance import generate as g
 from kvcache_conformance.judge.policy import Judged
-from kvcache_conformance.machines.layer import LayerCacheMachine
-from kvcache_conformance.machines.layer_steps import MEETS
+from kvcache_conformance.machines.layer import GROUPINGS, LayerCacheMachine
+from kvcache_conformance.machines.layer_steps import MALFORMED, MEETS
 from kvcache_conformance.machines.operations import (
     CHUNK_MEETS,
     CUTS,
+    EVICTED_CUTS,
+    NEGATIVE,
     REJECTED_CHUNK_MEETS,
     REORDERS,
     SELECTIONS,
@@ -39,7 +42,13 @@ from kvcache_conformance.machines.operations import (
 )
 from kvcache_conformance.machines.paged import PagedCacheMachine
 from kvcache_conformance.machines.paged_rules import chain_keys, hit_candidates, shortest_prompt_with_hit
-from kvcache_conformance.machines.session import DECODE_MEETS, PREFILL_MEETS, STEP_MEETS, SessionMachine
+from kvcache_conformance.machines.session import (
+    DECODE_MEETS,
+    PREFILL_MEETS,
+    STEP_MEETS,
+    WINDOWS,
+    SessionMachine,
+)
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.protocol.paged import HIT_LIMITS, PagedPolicy
 from kvcache_conformance.run import profiles
@@ -151,10 +160,12 @@ class Seen:
     calls: ClassVar[list[tuple[str, str, dict[str, Any]]]] = []
     examples: ClassVar[Counter[str]] = Counter()  # rule -> examples it ran in
     runs: ClassVar[list[int]] = [0]  # examples run
+    setups: ClassVar[list[tuple[dict[str | None, Any], Any]]] = []  # each example's set-up draws and configuration
 
     @classmethod
     def clear(cls) -> None:
         cls.calls.clear()
+        cls.setups.clear()
         cls.examples.clear()
         cls.runs[0] = 0
 
@@ -167,10 +178,13 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
             super().__init__(adapter, **parameters)
 
         def call(self, what: str, action: Any, **details: Any) -> Judged:
-            situation = ({"held": len(self.model.rows), "full": self.full, "wrapped": self.wrapped()}
+            situation = ({"held": len(self.model.rows), "full": self.full, "wrapped": self.wrapped(),
+                          "batch": self.model.batch_size, "capacity": self.config.capacity}
                          if hasattr(self, "model") else {"held": len(self.tokens), "window": self.config.window}
                          if hasattr(self, "tokens") else {})
-            situation.update(reused=details.get("reused", 0), due=details.get("due"), meets=self.drawn_case())
+            situation.update(reused=details.get("reused", 0), due=details.get("due"), meets=self.drawn_case(),
+                             draws=dict(self.tape.steps[-1].draws) if self.tape.steps else {},
+                             window=getattr(self, "window", situation.get("window")), sinks=getattr(self, "sinks", 0))
             Seen.calls.append((self.tape.steps[-1].rule if self.tape.steps else "", what, situation))
             return super().call(what, action, **details)  # type: ignore[no-any-return]
 
@@ -186,6 +200,7 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
             return window is not None and (len(self.model.rows) > window + self.sinks or self.full)
 
         def teardown(self) -> None:
+            Seen.setups.append((dict(self.tape.steps[0].draws) if self.tape.steps else {}, self.config))
             Seen.examples.update({step.rule for step in self.tape.steps})
             Seen.runs[0] += 1
             super().teardown()
@@ -263,6 +278,76 @@ def test_reorders_that_move_rows_are_made_on_caches_holding_rows() -> None:
     assert len(made) >= 5 and all(s["held"] > 0 and s["due"].kind is None for _, s in made), len(made)
     orders = [what.rsplit("indices ", 1)[1] for what, _ in made]
     assert all(order not in ("[0, 1]", "[0, 1, 2]") for order in orders), orders  # never the identity
+
+
+@pytest.mark.slow
+def test_malformed_rows_on_purpose_are_valid_rows_as_lists_and_single_rows_into_a_batch() -> None:
+    """The layer machine's malformed-row rules hand, on purpose, a valid row as nested lists (DTYPE alone) and one
+    valid row into a cache of a batch of 2 or more (BATCH_MISMATCH alone): what a converting or a broadcasting
+    cache takes, each about one malformed row in a hundred when drawn at random."""
+    Seen.clear()
+    drive(watched(LayerCacheMachine, make_full_declaration_adapter()), dev())
+    for case, kind, shown in ((MALFORMED[1], ErrorKind.DTYPE, "append list of shape"),
+                              (MALFORMED[2], ErrorKind.BATCH_MISMATCH, "append float64 array of shape (1, 1, ")):
+        made = [what for r, what, s in Seen.calls if r.startswith("append_malformed_row") and what.startswith("append")
+                and s["draws"].get("malformed") == case and s["batch"] >= 2]  # a batch of 1: any malformed row
+        assert len(made) >= 3 and all(what.startswith(shown) and f"({kind.value})" in what for what in made), made
+
+
+@pytest.mark.slow
+def test_grouped_layers_on_purpose_share_each_of_two_kv_heads_or_more() -> None:
+    """Where a layer of one KV head is drawn, on purpose one whose query heads share each of two KV heads or more
+    (a query head mapped to KV head h % KV, not h // (H / KV), shows only there); one KV head is still drawn."""
+    Seen.clear()
+    drive(watched(LayerCacheMachine, make_full_declaration_adapter()), dev())
+    grouped = [config.weights for draws, config in Seen.setups if draws.get("grouping") == GROUPINGS[1]]
+    assert len(grouped) >= 3 and all(2 <= w.kv_heads < w.heads for w in grouped), [(w.heads, w.kv_heads)
+                                                                                   for w in grouped]
+    assert sum(1 for draws, config in Seen.setups if draws.get("grouping") == GROUPINGS[0]
+               and config.weights.kv_heads == 1 < config.weights.heads) >= 3
+
+
+@pytest.mark.slow
+def test_cuts_after_the_window_evicts_reach_rows_a_ring_let_go() -> None:
+    """In the window run, a cut drawn into what a ring let go (by the cut after the window evicts, and by truncate
+    where a window of 2 or more and W + S + 1 rows fit): W + S + 1 rows held or more, n from S + 1 to two below the
+    length (the next query at n sees a row out of the ring); where the ring has no sinks, the reference has let it
+    go, and the cut may be refused with EVICTED."""
+    Seen.clear()
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter(), windowed=True), dev())
+    for rule, label in (("truncate_after_the_window_evicts", "evicts"), ("truncate", "cuts")):
+        cuts = [(what, s) for r, what, s in Seen.calls if r == rule and what.startswith("truncate")
+                and s["draws"].get(label) == EVICTED_CUTS[1] and s["window"] >= 2
+                and s["window"] + s["sinks"] + 1 <= s["capacity"]]
+        assert len(cuts) >= 3, (rule, len(cuts))
+        for what, s in cuts:
+            length, n = (int(part) for part in what.removeprefix("truncate a cache of ").split(" rows to "))
+            assert length >= s["window"] + s["sinks"] + 1 and s["sinks"] + 1 <= n <= length - 2, (rule, what)
+        assert sum(1 for _, s in cuts if s["sinks"] == 0 and s["due"].may_refuse == ErrorKind.EVICTED) >= 2, rule
+
+
+@pytest.mark.slow
+def test_negative_reorder_indices_are_handed_to_caches_holding_rows() -> None:
+    Seen.clear()
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter()), dev())
+    made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["draws"].get("negative") == NEGATIVE[1]
+            and what.startswith("reorder")]
+    assert len(made) >= 3 and all(s["held"] > 0 and s["due"].kind == ErrorKind.INVALID_INDICES and "(negative)" in what
+                                  for what, s in made), made
+
+
+@pytest.mark.slow
+def test_sessions_on_purpose_have_a_window_shorter_than_their_capacity() -> None:
+    """Where a decoder drawn has no window, or one as long as the session's capacity, on purpose one shorter: a
+    prefill past the window and a decode once it is full need one."""
+    Seen.clear()
+    drive(watched(SessionMachine, make_full_declaration_adapter()), dev())
+    windowed = [(draws["window"], draws["capacity"]) for draws, config in Seen.setups
+                if draws.get("windows") == WINDOWS[1]]
+    assert len(windowed) >= 3 and all(1 <= window < capacity for window, capacity in windowed), windowed
+    past = [what for r, what, s in Seen.calls if r == "prefill" and s["meets"] == PREFILL_MEETS[3]
+            and what.startswith("prefill") and s["window"] is not None and s["due"].kind is None]
+    assert len(past) >= 3, len(past)
 
 
 @pytest.mark.slow
@@ -377,3 +462,36 @@ def test_a_hard_case_on_purpose_leaves_the_plain_case_half_the_draws_and_shrinks
     assert elements == Counter({"plain": 2, "empty": 1, "held": 1}), elements
     assert find(strategy, lambda _: True) == "plain"
     assert {find(strategy, lambda value, case=case: value == case) for case in ("empty", "held")} == {"empty", "held"}
+
+
+@settings(max_examples=60, database=None, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_negative_indices_are_invalid_and_wrap_to_rows(batch: int, data: st.DataObject) -> None:
+    drawn = data.draw(g.negative_indices(batch))
+    order = [int(i) for i in drawn.value]  # type: ignore[attr-defined]
+    assert drawn.kind == ErrorKind.INVALID_INDICES and g.indices_problem(drawn.value, batch) == drawn.kind
+    assert len(order) == batch and sum(i < 0 for i in order) == 1 and all(-batch <= i < batch for i in order), order
+
+
+@settings(max_examples=40, database=None, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 8), st.data())
+def test_rows_as_lists_are_valid_rows_but_for_their_type(batch: int, width: int, data: st.DataObject) -> None:
+    drawn = data.draw(g.rows_as_lists(batch, width))
+    assert isinstance(drawn.value, list) and drawn.problems == (ErrorKind.DTYPE.value,)
+    as_array = np.array(drawn.value)
+    assert as_array.shape == (batch, 1, width) and as_array.dtype == np.float64 and np.all(np.abs(as_array) <= 1)
+
+
+@settings(max_examples=40, database=None, deadline=None)
+@given(st.integers(2, 3), st.integers(1, 8), st.data())
+def test_single_rows_into_a_batch_are_wrong_in_the_batch_only(batch: int, width: int, data: st.DataObject) -> None:
+    drawn = data.draw(g.single_rows_into_a_batch(batch, width))
+    assert drawn.kind == ErrorKind.BATCH_MISMATCH and drawn.problems == (ErrorKind.BATCH_MISMATCH.value,)
+    assert isinstance(drawn.value, np.ndarray) and drawn.value.shape == (1, 1, width)
+    assert drawn.value.dtype == np.float64
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+def test_single_rows_into_a_batch_need_two_rows() -> None:
+    with pytest.raises(ValueError, match="batch of 2 or more"):
+        g.single_rows_into_a_batch(1, 4).example()

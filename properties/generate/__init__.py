@@ -15,6 +15,7 @@ from .arguments import (
     batch_selections,
     indices_problem,
     length_problem,
+    negative_indices,
     non_prefix_selections,
     on_purpose,
     rearranging_reorders,
@@ -25,6 +26,7 @@ from .arguments import (
 )
 from .decoders import (
     MAX_BLOCKS,
+    MAX_DECODER_WINDOW,
     MAX_SEQUENCE,
     MAX_VOCAB,
     block_update,
@@ -45,7 +47,17 @@ from .extremes import (
     peak_features,
     score_overflows,
 )
-from .inputs import INPUT_CHECKS, MAX_CHUNK, MalformedRow, chunks, layouts, malformed_rows, rows
+from .inputs import (
+    INPUT_CHECKS,
+    MAX_CHUNK,
+    MalformedRow,
+    chunks,
+    layouts,
+    malformed_rows,
+    rows,
+    rows_as_lists,
+    single_rows_into_a_batch,
+)
 from .layers import (
     FAMILIES,
     INPUT_BOUND,
@@ -85,6 +97,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_CAPACITY",
     "MAX_CHUNK",
+    "MAX_DECODER_WINDOW",
     "MAX_HEADS",
     "MAX_HEAD_WIDTH",
     "MAX_MODEL_WIDTH",
@@ -123,6 +136,7 @@ __all__ = [
     "length_problem",
     "malformed_rows",
     "model_configs",
+    "negative_indices",
     "non_prefix_selections",
     "on_purpose",
     "output_overflows",
@@ -139,9 +153,11 @@ __all__ = [
     "rope_bases",
     "rope_configs",
     "rows",
+    "rows_as_lists",
     "same_layout_copy",
     "score_overflows",
     "selection_problem",
+    "single_rows_into_a_batch",
     "token_lists",
     "truncation_lengths",
     "weight_updates",

@@ -157,6 +157,19 @@ def rearranging_reorders(draw: st.DrawFn, batch_size: int) -> Argument:
     return Argument(valid if as_list else np.array(valid, dtype=np.int64), None, f"indices {valid}")
 
 
+@st.composite
+def negative_indices(draw: st.DrawFn, batch_size: int) -> Argument:
+    """Invalid ``reorder`` indices: B ints in [0, B) but one negative, from -B to -1 -- a gather that wraps
+    negative indices (numpy's) takes each as a row; as a list or an int64 array."""
+    indices = draw(st.lists(st.integers(0, batch_size - 1), min_size=batch_size, max_size=batch_size),
+                   label="indices")
+    where = draw(st.integers(0, batch_size - 1), label="where")
+    indices[where] = draw(st.integers(-batch_size, -1), label="negative index")
+    as_list = draw(st.booleans(), label="as a list")
+    value = indices if as_list else np.array(indices, dtype=np.int64)
+    return Argument(value, ErrorKind.INVALID_INDICES.value, f"indices {indices} (negative)")
+
+
 def selection_problem(value: object, batch_size: int) -> ErrorKind | None:
     """What is wrong with ``select(value)`` on a cache of ``batch_size`` rows (docs/spec.md §13.7): anything but
     1 to B distinct ints in ``[0, B)`` (a list, or a 1-D integer array) is INVALID_INDICES."""

@@ -14,7 +14,7 @@ from ..oracle import ROPE_STYLES, AttentionWeights, DecoderConfig, DecoderWeight
 from ..protocol.kinds import Capability
 from .layers import SEEDS, random_matrices, rope_bases
 
-MAX_VOCAB, MAX_BLOCKS, MAX_SEQUENCE = 24, 3, 12
+MAX_VOCAB, MAX_BLOCKS, MAX_SEQUENCE, MAX_DECODER_WINDOW = 24, 3, 12, 6
 
 
 def position_conventions(capabilities: frozenset[str]) -> tuple[list[str], list[str]]:
@@ -37,7 +37,7 @@ def decoder_configs(draw: st.DrawFn, capabilities: frozenset[str], windowed: boo
     window = None
     if windowed or (windowed is None and Capability.SLIDING_WINDOW.value in capabilities
                     and draw(st.booleans(), label="windowed")):
-        window = draw(st.integers(1, 6), label="window")
+        window = draw(st.integers(1, MAX_DECODER_WINDOW), label="window")
     head_width = draw(st.sampled_from([2, 4, 6]), label="head_width")
     return DecoderConfig(
         vocab=draw(st.integers(2, MAX_VOCAB), label="vocab"), model_width=heads * head_width,

@@ -136,5 +136,25 @@ def malformed_rows(draw: st.DrawFn, batch_size: int, model_width: int, *, chunke
     return MalformedRow(value, problems, f"{what} ({', '.join(problems)})")
 
 
+@st.composite
+def rows_as_lists(draw: st.DrawFn, batch_size: int, model_width: int) -> MalformedRow:
+    """A valid row's values ``[B, 1, D]`` as nested Python lists: DTYPE alone (not an ndarray) -- a cache that
+    converts a list to an array takes it, which a list of another shape (rejected for that too) may not show."""
+    values = draw(rows(batch_size, model_width), label="values")
+    problems = (ErrorKind.DTYPE.value,)
+    return MalformedRow(values.tolist(), problems, f"list of shape {values.shape} ({problems[0]})")
+
+
+@st.composite
+def single_rows_into_a_batch(draw: st.DrawFn, batch_size: int, model_width: int) -> MalformedRow:
+    """One valid float64 row ``[1, 1, D]`` into a cache of ``batch_size`` >= 2 rows: BATCH_MISMATCH alone -- a
+    write that broadcasts it into every row of the batch takes it."""
+    if batch_size < 2:
+        raise ValueError(f"a single row into a larger batch needs a batch of 2 or more, not {batch_size}")
+    values = draw(rows(1, model_width), label="values")
+    problems = (ErrorKind.BATCH_MISMATCH.value,)
+    return MalformedRow(values, problems, f"float64 array of shape {values.shape} ({problems[0]})")
+
+
 def _tuples(value: object) -> object:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -36,6 +36,13 @@ MAX_WINDOW = 3
 WINDOWED_MIN_CAPACITY = 5
 # The states a rejected call is drawn to meet (``LayerSteps.meet``), the first the one shrinking goes to.
 MEETS = ("the cache as it is", "an empty cache", "a cache holding rows")
+# Which score overflows: any, or on purpose a -inf beside rows held -- softmax weighs it 0 beside finite scores and
+# the output stays finite, so only a check of the scores shows it (a lone -inf, or a +inf, makes the output NaN).
+SCORE_MEETS = ("any overflowing score", "a -inf score beside rows held")
+# Which malformed row a step is handed: any (one or several problems), or on purpose one that a converting or
+# broadcasting cache takes -- a valid row as nested lists, one row into a batch of 2 or more (a plain draw where the
+# batch is 1). Among every malformed row, each is about one in a hundred.
+MALFORMED = ("any malformed row", "a valid row as nested lists", "one row into a larger batch")
 
 # A windowed run leaves out the rules about other layers and extreme rows, which the full runs cover: its steps
 # go to filling, evicting and truncating the window.
@@ -277,7 +284,15 @@ class LayerSteps(ConformanceMachine):
         self._append_malformed(data)
 
     def _append_malformed(self, data: Draws) -> None:
-        bad = data.draw(g.malformed_rows(self.model.batch_size, self.config.model_width), label="malformed row")
+        batch, width = self.model.batch_size, self.config.model_width
+        case = data.optional(g.on_purpose(*MALFORMED), "malformed", MALFORMED[0])  # older traces: any
+        if case == MALFORMED[1]:
+            strategy = g.rows_as_lists(batch, width)
+        elif case == MALFORMED[2] and batch >= 2:
+            strategy = g.single_rows_into_a_batch(batch, width)
+        else:
+            strategy = g.malformed_rows(batch, width)
+        bad = data.draw(strategy, label="malformed row")
         if self.model.rows:
             self.exercised("malformed row on rows held")
         self._step(bad.value, Due.check(bad.kind), f"append {bad.description}")
@@ -365,7 +380,16 @@ class LayerSteps(ConformanceMachine):
     def append_row_overflowing_a_score(self, data: Draws) -> None:
         """Finite q, k and v, but the score with the row's own key overflows -- to -inf too, which softmax
         weighs 0 beside finite scores, leaving a finite output: only a check of the scores rejects it."""
-        head, sign, row = data.draw(st.sampled_from(self.score_overflows), label="target")
+        targets = self.score_overflows
+        if any(sign < 0 for _, sign, _ in targets) and data.optional(
+                g.on_purpose(*SCORE_MEETS), "meets", SCORE_MEETS[0]) == SCORE_MEETS[1]:
+            if self.model.stale or self.full:  # checked before the values: a fresh cache, then rows
+                self._new_cache()
+            self.hold_rows(data)
+            targets = [target for target in self.score_overflows if target[1] < 0] or self.score_overflows
+            if not targets:  # (a frozen scale calibrated by the rows held: no stored score overflows now)
+                return
+        head, sign, row = data.draw(st.sampled_from(targets), label="target")
         x = np.broadcast_to(row, self._row_shape).copy()
         self._step(x, self._due(non_finite=True),
                    f"append a row whose head {head} score with its own key is {'+' if sign > 0 else '-'}inf")

@@ -41,7 +41,13 @@ OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capabil
 CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
 REORDERS = ("any indices", "a reorder that moves rows, on rows held")
+# Where a reorder draws any indices: as drawn (a negative index in one of 24), or on purpose a negative index, on rows
+# held -- a gather that wraps it (numpy's indexing) takes it as a row.
+NEGATIVE = ("any indices", "a negative index, on rows held")
 CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then a row")
+# A cut after the window evicts: of W or W + 1 rows (the edge), or on purpose of W + S + 1 rows into what a ring of
+# W + S slots let go (with sinks half the windows are rings that have let nothing go at W + 1).
+EVICTED_CUTS = ("at the window's edge", "into rows a ring let go")
 # The batch a cache is created with: as drawn, or on purpose as large as the layer's KV heads -- a gather along the
 # KV-head axis instead of the batch's keeps every shape there, and shows only in the rows it moved.
 BATCHES = ("the batch drawn", "a batch as large as the KV heads")
@@ -166,9 +172,12 @@ class CacheOperationsMachine(LayerSteps):
         holding rows, cut, then a row: REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache
         bound to the parameters its rows were computed with; one that binds itself anew takes a stale cache back. And
         a cache holding rows, cut below its length, then a row (a cut that removes rows held, not only a stale
-        one's)."""
-        cuts = data.optional(g.on_purpose(*CUTS), "cuts", CUTS[0])
-        if cuts == CUTS[1]:
+        one's); in a windowed run also a cut into rows a ring let go (``_cut_into_rows_let_go``)."""
+        cases = CUTS if self.window is None else (*CUTS, EVICTED_CUTS[1])  # a windowed run's case too
+        cuts = data.optional(g.on_purpose(*cases), "cuts", CUTS[0])
+        if cuts == EVICTED_CUTS[1] and self._can_cut_into_rows_let_go:
+            self._cut_into_rows_let_go(data)
+        elif cuts == CUTS[1]:
             self._truncate_a_stale_cache_then_append(data)
         elif cuts == CUTS[2]:
             self._truncate_rows_held_then_append(data)
@@ -181,11 +190,33 @@ class CacheOperationsMachine(LayerSteps):
         """Rows appended until the window is full (W rows) or has let some go (W + 1), then a cut of two rows or
         more: into what it let go, refused with EVICTED (nothing changed) or exact -- never rows brought back that
         it no longer has; and with window_truncates_until_full, refused from W rows on."""
+        if self._can_cut_into_rows_let_go and data.optional(
+                g.on_purpose(*EVICTED_CUTS), "evicts", EVICTED_CUTS[0]) == EVICTED_CUTS[1]:
+            self._cut_into_rows_let_go(data)
+            return
         target = self.window + data.draw(st.integers(0, 1), label="rows past the window")
         while len(self.model.rows) < max(target, 2):
             self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
                                    "append a row")
         self._truncate(data.draw(st.integers(0, len(self.model.rows) - 2), label="n"))
+
+    @property
+    def _can_cut_into_rows_let_go(self) -> bool:
+        """A window of 2 or more (one of 1 sees only its own row and the sinks) in a cache that can hold W + S + 1."""
+        return self.window is not None and self.window >= 2 and self.window + self.sinks + 1 <= self.config.capacity
+
+    def _cut_into_rows_let_go(self, data: Draws) -> None:
+        """Rows appended until a ring of W + S slots has let one go (W + S + 1 held), then a cut to n in
+        [S + 1, length - 2]: the next query at n sees a row out of the ring -- where the ring has let it go, refused
+        with EVICTED (nothing changed) or exact, never a slot brought back that holds a later row (W >= 2: a
+        window of 1 sees only its own row and the sinks)."""
+        assert self.window is not None
+        if self.model.stale or self.model.peaked:  # (the plain truncate rule's case: rows are appended first)
+            self._new_cache()
+        while len(self.model.rows) < self.window + self.sinks + 1:
+            self._append_and_check(data.draw(g.rows(self.model.batch_size, self.config.model_width), label="row"),
+                                   "append a row")
+        self._truncate(data.draw(st.integers(self.sinks + 1, len(self.model.rows) - 2), label="n"))
 
     @rule(requires=[Capability.WINDOW_FULL_COUNTS_SINKS], data=st.data(), when=lambda self: self.sinks > 0
           and not self.model.stale and not self.model.peaked and self.window + self.sinks <= self.config.capacity)
@@ -263,7 +294,8 @@ class CacheOperationsMachine(LayerSteps):
         Invalid indices are INVALID_INDICES (where claimed), nothing changed. On purpose (B >= 2), valid indices
         that move a row, on rows held (one or two appended first if none are): a cache that gathers only part of
         what it holds (a quantized cache its full-precision rows) shows it only there."""
-        indices = self._batch_indices(data, REORDERS, "reorders", g.rearranging_reorders, g.batch_indices, "indices")
+        indices = self._batch_indices(data, REORDERS, "reorders", (g.rearranging_reorders,), self._any_indices(data),
+                                      "indices")
         what = f"reorder the batch by {indices.description}"
         handed = Inputs()
         given = handed("indices", indices.value)
@@ -273,15 +305,26 @@ class CacheOperationsMachine(LayerSteps):
         if judged.to_judge:
             self.model.gather(np.asarray(indices.value, dtype=np.int64))
 
-    def _batch_indices(self, data: Draws, cases: tuple[str, str], case_label: str,
-                       on_purpose: Callable[[int], Any], plain: Callable[[int], Any], label: str) -> Any:
-        """Indices over the batch: ``plain(B)``'s, or on purpose (``cases[1]``, B >= 2) ``on_purpose(B)``'s on rows
-        held, one or two appended first if none are -- a gather that moves only part of what it holds, or keeps
-        the leading rows whatever was asked, shows only there."""
-        chosen = self.model.batch_size >= 2 and data.optional(g.on_purpose(*cases), case_label, cases[0]) == cases[1]
+    def _any_indices(self, data: Draws) -> Callable[[int], Any]:
+        """A reorder's indices where no other hard case was drawn: any, or on purpose (``NEGATIVE``) a negative
+        index on rows held (drawn only when the strategy is asked for)."""
+        def strategy(batch_size: int) -> Any:
+            if data.optional(g.on_purpose(*NEGATIVE), "negative", NEGATIVE[0]) == NEGATIVE[1]:
+                self.hold_rows(data)
+                return g.negative_indices(self.model.batch_size)
+            return g.batch_indices(batch_size)
+        return strategy
+
+    def _batch_indices(self, data: Draws, cases: tuple[str, ...], case_label: str,
+                       on_purpose: tuple[Callable[[int], Any], ...], plain: Callable[[int], Any], label: str) -> Any:
+        """Indices over the batch: ``plain(B)``'s, or on purpose (``cases[i]``, B >= 2) ``on_purpose[i - 1](B)``'s
+        on rows held, one or two appended first if none are -- a gather that moves only part of what it holds, or
+        keeps the leading rows whatever was asked, or wraps a negative index, shows only there."""
+        chosen = cases.index(data.optional(g.on_purpose(*cases), case_label, cases[0])) \
+            if self.model.batch_size >= 2 else 0
         if chosen:
             self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
-        strategy = on_purpose if chosen and self.model.batch_size >= 2 else plain
+        strategy = on_purpose[chosen - 1] if chosen and self.model.batch_size >= 2 else plain
         return data.draw(strategy(self.model.batch_size), label=label)
 
     # -- batch size ----------------------------------------------------------------------------------------
@@ -292,7 +335,7 @@ class CacheOperationsMachine(LayerSteps):
         keeps its positions. Invalid indices are INVALID_INDICES (where validates_indices is claimed). On
         purpose (B >= 2), a valid selection other than the leading rows, on rows held (one or two appended first
         if none are): a select that keeps the first k rows whatever was asked shows only there."""
-        indices = self._batch_indices(data, SELECTIONS, "selects", g.non_prefix_selections, g.batch_selections,
+        indices = self._batch_indices(data, SELECTIONS, "selects", (g.non_prefix_selections,), g.batch_selections,
                                       "rows")
         self._regather(f"select the batch {indices.description}", indices.value,
                        g.selection_problem(indices.value, self.model.batch_size),

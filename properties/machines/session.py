@@ -16,6 +16,7 @@ does not claim to check).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,9 @@ from .base import (
 PREFILL_MEETS = ("the session as it is", "past the capacity of an empty session",
                  "past the room of a session holding tokens", "one token past the window, within the room")
 STEP_MEETS = ("the session as it is", "an empty session", "a session holding tokens")
+# A decoder as drawn (a window half the time, and any window may be as long as the capacity), or on purpose one with
+# a window shorter than the capacity: a prefill past the window, and a decode once it is full, need one.
+WINDOWS = ("the decoder drawn", "a window shorter than the capacity")
 DECODE_MEETS = ("the session as it is", "a window that is full")  # the second: a windowed session with room only
 # Where the W + 1 tokens of a prefill one token past the window land: a ring that wraps inside a prefill over tokens
 # it holds already wraps other slots than one that starts empty. (Traces of an earlier suite: the session as it is.)
@@ -72,6 +76,12 @@ class SessionMachine(ConformanceMachine):
         self.config = data.draw(g.decoder_configs(self.capabilities), label="decoder")
         self.weights = random_decoder_weights(self.config, data.draw(st.integers(0, 2**32 - 1), label="seed"))
         self.capacity = data.draw(st.integers(1, g.MAX_SEQUENCE), label="capacity")
+        if self.has(Capability.SLIDING_WINDOW) and self.capacity >= 2 and (
+                self.config.window is None or self.config.window >= self.capacity) and data.optional(
+                g.on_purpose(*WINDOWS), "windows", WINDOWS[0]) == WINDOWS[1]:
+            self.need(Capability.SLIDING_WINDOW, "a windowed decoder")  # replaying: stops here if absent
+            window = data.draw(st.integers(1, min(g.MAX_DECODER_WINDOW, self.capacity - 1)), label="window")
+            self.config = replace(self.config, window=window)
         self.decoder = create_decoder(self, self.config, self.weights, "create the decoder")
         self._new_session()
 
