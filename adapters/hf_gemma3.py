@@ -65,12 +65,6 @@ What the caches do, declared (``model_policy`` keys of issue 37, docs/spec.md §
   still sees.
 - ``model_limits["min_window"] = 2``: with ``sliding_window=1`` the second forward raises in sdpa (layer-level
   finding 7, ``repro_window_of_one.py``).
-
-Waits on other branches: the suite's capability ``interleaved_windows`` and the spelling of the architecture
-declaration, here ``model_limits["architectures"]`` (wip-oracle: its ``ModelConfig`` fields and oracle are what
-this module is checked against); ``window_cells``/``window_removal`` and their semantics (wip-stores);
-``min_window`` in ``ModelLimits``. Until then the suite refuses the declarations as unknown, and without the
-oracle's fields ``create_model`` raises ``UnsupportedModel`` naming what is missing.
 """
 
 from __future__ import annotations
@@ -102,9 +96,6 @@ from kvcache_conformance.protocol.model import ModelConfig, ModelWeights
 SLIDING, FULL = "sliding_attention", "full_attention"
 MIN_WINDOW = 2  # sliding_window=1 raises on the second forward (docs/hf-transformers/repro_window_of_one.py)
 ARCHITECTURE = "gemma3"  # the oracle's name (ModelConfig.architecture): every Gemma switch on, RoPE half_split
-GEMMA3_FIELDS = ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation",
-                 "layer_window", "architecture")
-GEMMA3_WEIGHTS = ("q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")
 
 
 class UnsupportedModel(ValueError):
@@ -113,13 +104,9 @@ class UnsupportedModel(ValueError):
 
 def gemma3_problem(config: ModelConfig) -> str | None:
     """Why ``config`` is not a Gemma 3 that transformers can build (None: it is)."""
-    missing = [name for name in GEMMA3_FIELDS if not hasattr(config, name)]
-    if missing:
-        return (f"ModelConfig has no {', '.join(missing)}: the Gemma-3 fields come with the oracle's model of issue "
-                "37 (branch wip-oracle)")
-    if config.architecture != ARCHITECTURE:  # type: ignore[attr-defined]
+    if config.architecture != ARCHITECTURE:
         return (f"Gemma3ForCausalLM runs the architecture {ARCHITECTURE!r} (every Gemma switch on, RoPE half_split), "
-                f"not {config.architecture!r}")  # type: ignore[attr-defined]
+                f"not {config.architecture!r}")
     windows = {w for w in layer_windows(config) if w is not None}
     if len(windows) > 1:
         return f"transformers has one sliding_window for every sliding layer, not {sorted(windows)}"
@@ -129,14 +116,14 @@ def gemma3_problem(config: ModelConfig) -> str | None:
 
 
 def layer_windows(config: ModelConfig) -> list[int | None]:
-    return [config.layer_window(i) for i in range(config.layers)]  # type: ignore[attr-defined]
+    return [config.layer_window(i) for i in range(config.layers)]
 
 
 def gemma3_config(config: ModelConfig) -> Gemma3TextConfig:
     """transformers' config of the suite's Gemma-3 model (checked by ``gemma3_problem`` first)."""
     windows = layer_windows(config)
     window = next((w for w in windows if w is not None), config.max_positions)
-    local = config.local_rope_base if config.local_rope_base is not None else config.rope_base  # type: ignore[attr-defined]
+    local = config.local_rope_base if config.local_rope_base is not None else config.rope_base
     return Gemma3TextConfig(
         vocab_size=config.vocab, hidden_size=config.model_width, intermediate_size=config.ffn_width,
         num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
@@ -174,9 +161,6 @@ def gemma3_model(config: ModelConfig, weights: ModelWeights, *, float64_steps: b
     with torch.no_grad():
         set_parameter(inner.embed_tokens.weight, weights.embedding)
         for layer, w in zip(inner.layers, weights.layers):
-            absent = [name for name in GEMMA3_WEIGHTS if getattr(w, name, None) is None]
-            if absent:
-                raise UnsupportedModel(f"LayerWeights without {', '.join(absent)} (wip-oracle draws them)")
             attention, mlp = layer.self_attn, layer.mlp
             norms += [(layer, "input_layernorm", w.attention_norm), (attention, "q_norm", w.q_norm),
                       (attention, "k_norm", w.k_norm), (layer, "post_attention_layernorm", w.post_attention_norm),

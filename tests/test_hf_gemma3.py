@@ -1,8 +1,5 @@
-"""transformers' Gemma3ForCausalLM as a whole-model adapter (adapters/hf_gemma3.py), sliding and full layers.
-
-The tests that build a model need the oracle's Gemma-3 fields (issue 37, branch wip-oracle) and skip, saying so,
-until they exist; the declarations and the guard are tested now.
-"""
+"""transformers' Gemma3ForCausalLM as a whole-model adapter (adapters/hf_gemma3.py), sliding and full layers,
+checked against the oracle's Gemma-3 model."""
 
 from __future__ import annotations
 
@@ -23,15 +20,12 @@ TOKENS = [3, 10, 0, 7, 7, 1, 9, 4]
 
 
 def gemma3(**fields: object) -> ModelConfig:
-    """A Gemma-3 model of sliding and full layers (layer 1 and 3 global), window 3, or skip until wip-oracle."""
+    """A Gemma-3 model of sliding and full layers (layer 1 and 3 global), window 3."""
     shape: dict[str, object] = dict(vocab=11, model_width=8, layers=4, heads=2, kv_heads=1, head_width=4, ffn_width=7,
                                     rope_style="half_split", rope_base=10000.0, tied_output=False, window=3,
                                     window_pattern=2, local_rope_base=100.0, embedding_scale=True, qk_norm=True,
                                     post_norms=True, activation="gelu_tanh")
-    try:
-        return ModelConfig(**{**shape, **fields})  # type: ignore[arg-type]
-    except TypeError as error:
-        pytest.skip(f"ModelConfig without the Gemma-3 fields of wip-oracle ({error})")
+    return ModelConfig(**{**shape, **fields})  # type: ignore[arg-type]
 
 
 def context(adapter: hf_gemma3.HfGemma3Adapter, config: ModelConfig, cells: int = 24):
@@ -55,13 +49,11 @@ def test_factories_declare_windows(factory: str) -> None:
     assert adapter.model_limits["min_window"] == 2
 
 
-def test_a_model_without_the_gemma3_fields_is_refused_naming_them() -> None:
+def test_a_model_of_another_architecture_is_refused_naming_it() -> None:
     llama = ModelConfig(vocab=11, model_width=8, layers=2, heads=2, kv_heads=1, head_width=4, ffn_width=7,
                         rope_style="half_split")
     problem = hf_gemma3.gemma3_problem(llama)
-    assert problem is not None
-    if "wip-oracle" not in problem:  # the fields exist: a Llama (every switch off) is still not a Gemma 3
-        assert "not 'llama'" in problem
+    assert problem is not None and "not 'llama'" in problem
     with pytest.raises(hf_gemma3.UnsupportedModel):
         hf_gemma3.dynamic_cache().create_model(llama, random_model_weights(llama, seed=0))
 
