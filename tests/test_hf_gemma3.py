@@ -100,3 +100,16 @@ def test_a_mask_per_layer_type_over_padded_rows() -> None:
     weights = random_model_weights(config, seed=5)
     assert np.abs(np.concatenate([first[:5], second[:1]]) - full_model(TOKENS[:6], config, weights)).max() <= 1e-12
     assert np.abs(np.concatenate([first[5:], second[1:]]) - full_model(other, config, weights)).max() <= 1e-12
+
+
+def test_a_refused_removal_keeps_what_the_windowed_store_evicted() -> None:
+    """Found by the published run: layers (sliding W 3, full), 7 tokens at 2..8 (the sliding layer keeps 7, 8),
+    then ``remove [6, -1)`` refused. The machine's roll-back of a refused call once forgot ``Cell.window_gone``,
+    so the oracle held 6 again and the engine was failed for "holds 7..8, should hold 6..8"."""
+    from pathlib import Path
+
+    from kvcache_conformance.traces import codec, replay
+
+    trace = Path(__file__).parent / "replay-cases" / "hf-gemma3-refused-removal-keeps-window-eviction.json"
+    verdict = replay.replay(codec.load(trace), hf_gemma3.dynamic_cache_crop(), out=lambda line: None)
+    assert verdict.conforms, verdict.message
