@@ -57,7 +57,8 @@ What the caches do, declared (``model_policy`` keys of issue 37, docs/spec.md §
   ``min(W, cells)`` rows and ``StaticLayer`` of ``cells``: ``window_cells: "visible"`` (the ring keeps one row
   more than a later token sees), ``fixed_capacity`` (the ``IndexError`` of ``StaticLayer.update`` is ``full``).
   Its ``crop`` refuses nothing past the window and leaves the ring's rows standing for other positions
-  (layer-level finding 8.3): ``static_cache_crop`` declares what a correct cache would and is judged.
+  (layer-level finding 8.3; docs/hf-transformers/repro_gemma3_static_crop_past_window.py): ``static_cache_crop``
+  declares what a correct ring would (``removal: "end_only"``, ``window_removal: "until_full"``) and is judged.
 - ``dynamic_cache_rows``: the sequences as batch rows of one ``DynamicCache()`` (``HfRowsAdapter``), copies by
   ``reorder_cache``, a mask per layer type (``attention_mask`` a dict ``{"full_attention": ...,
   "sliding_attention": ...}``, which ``Gemma3TextModel`` takes as it is). Not over ``DynamicCache(config)``: a
@@ -220,8 +221,10 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
         self.cache, self.crop_checked = cache, crop_checked
         self.capabilities = self.capabilities | self.gemma3_capabilities
         self.model_policy["window_cells"] = "all" if cache == "full_layers" else "visible"
-        if crop and cache == "dynamic":
-            self.model_policy["window_removal"] = "until_full"  # DynamicSlidingWindowLayer.crop, once it evicted
+        if crop and cache != "full_layers":
+            # DynamicSlidingWindowLayer.crop raises once it evicted; a StaticSlidingWindowLayer ring cannot un-evict
+            # either (its is_croppable), though transformers' crop does not refuse
+            self.model_policy["window_removal"] = "until_full"
 
     def _cache(self, context_model: Model, cells: int) -> Any:
         if self.cache == "full_layers":
@@ -236,12 +239,10 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
 
     def seq_pos_min(self, context: Any, seq: int) -> int:
         store = self._store(context, seq)
-        held = min((_rows_held(layer) for layer in store.cache.layers if getattr(layer, "is_sliding", False)),
-                   default=len(store.positions))
-        return min(store.positions[len(store.positions) - held:], default=-1)
+        return min(store.positions[len(store.positions) - _held(store):], default=-1)
 
     def crop_refusal(self, store: Store, n: int) -> str | None:
-        if not self.crop_checked or n == len(store.positions) or self.cache != "dynamic":
+        if not self.crop_checked or _whole(store, n) or self.cache != "dynamic":
             return None
         for index, layer in enumerate(store.cache.layers):
             if getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window:
@@ -250,8 +251,9 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
         return None
 
     def crop_rows(self, store: Store, n: int) -> None:
-        if n == len(store.positions):
-            store.cache.reset()  # the whole sequence: a sliding layer that evicted cannot be cropped to 0
+        if _whole(store, n):
+            store.cache.reset()  # a sliding layer that evicted cannot be cropped to 0
+            store.positions.clear()
             return
         try:
             store.cache.crop(-n)
@@ -259,6 +261,19 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
             if "does not track past states" not in str(error):
                 raise
             raise CropRefused(f"transformers' crop: {error}") from error
+
+
+def _whole(store: Store, n: int) -> bool:
+    """Whether removing ``store``'s last ``n`` positions removes the whole sequence: every position, or with every
+    layer sliding every position still held (seq_pos_min on; a full layer would keep the evicted ones)."""
+    every_layer_sliding = all(getattr(layer, "is_sliding", False) for layer in store.cache.layers)
+    return n == len(store.positions) or (every_layer_sliding and n >= _held(store))
+
+
+def _held(store: Store) -> int:
+    """How many of ``store``'s last positions it still holds: its sliding layers' rows (the fewest), else all."""
+    return min((_rows_held(layer) for layer in store.cache.layers if getattr(layer, "is_sliding", False)),
+               default=len(store.positions))
 
 
 def _rows_held(layer: Any) -> int:
@@ -315,7 +330,8 @@ def static_cache() -> HfGemma3Adapter:
 
 
 def static_cache_crop() -> HfGemma3Adapter:
-    """As ``static_cache`` + seq_remove by crop (``removal: end_only``; transformers refuses nothing)."""
+    """As ``static_cache`` + seq_remove by crop (``removal: end_only``, ``window_removal: until_full``; transformers
+    refuses nothing)."""
     return HfGemma3Adapter("hf-gemma3-model-static-cache-crop", cache="static", crop=True)
 
 

@@ -45,7 +45,8 @@ def test_factories_declare_windows(factory: str) -> None:
     assert {"whole_model", "rope_half_split", "sliding_window", "interleaved_windows"} <= adapter.capabilities
     evicts = factory.startswith(("dynamic_cache", "static")) and factory != "dynamic_cache_rows"
     assert adapter.model_policy["window_cells"] == ("visible" if evicts else "all")
-    assert (adapter.model_policy.get("window_removal") == "until_full") == factory.startswith("dynamic_cache_crop")
+    assert (adapter.model_policy.get("window_removal") == "until_full") == factory.startswith(
+        ("dynamic_cache_crop", "static_cache_crop"))
     assert adapter.model_limits["min_window"] == 2
 
 
@@ -113,3 +114,18 @@ def test_a_refused_removal_keeps_what_the_windowed_store_evicted() -> None:
     trace = Path(__file__).parent / "replay-cases" / "hf-gemma3-refused-removal-keeps-window-eviction.json"
     verdict = replay.replay(codec.load(trace), hf_gemma3.dynamic_cache_crop(), out=lambda line: None)
     assert verdict.conforms, verdict.message
+
+
+def test_removing_every_held_position_removes_the_sequence() -> None:
+    """Once the sliding layers evicted, the sequence holds seq_pos_min..seq_pos_max: a removal of all of them is a
+    whole-sequence removal (must succeed), not a crop past the window (which transformers refuses)."""
+    config = gemma3(window_pattern="all")
+    adapter = hf_gemma3.dynamic_cache_crop()
+    ctx = context(adapter, config)
+    decode(adapter, ctx, 0, TOKENS[:6], 0)
+    held = adapter.seq_pos_min(ctx, 0)
+    assert held == 4  # DynamicSlidingWindowLayer keeps the last W - 1 = 2 rows
+    adapter.seq_remove(ctx, 0, held, -1)
+    assert (adapter.seq_pos_min(ctx, 0), adapter.seq_pos_max(ctx, 0)) == (-1, -1)
+    want = full_model(TOKENS[:3], config, random_model_weights(config, seed=5))
+    assert np.abs(decode(adapter, ctx, 0, TOKENS[:3], 0) - want).max() <= 1e-12
