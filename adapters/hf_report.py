@@ -127,8 +127,8 @@ def reference_declaring(recorded: Any) -> Any:
     leaves out the signature, one computation per pool, replays only where that is declared: docs/spec.md §11.3)
     and, for a whole model, its ``model_policy``, ``model_limits`` and ``interleaved_windows`` (a trace drawn for
     per-sequence contexts with whole copies only, or a width divisible by the heads, reads as drawn only where the
-    same is declared: §15.7). The reference implements every policy value, so the correct implementation the trace must pass on is
-    the reference declaring the same."""
+    same is declared: §15.7). The reference implements every policy value, so the correct implementation the trace
+    must pass on is the reference declaring the same."""
     from impl.conformance import make_adapter
     from kvcache_conformance.protocol.kinds import Capability, declared
 

@@ -61,7 +61,7 @@ for seed in range(12):
     truth = np.array(full_model(tokens, config, weights))
     error = np.abs(got - truth).max()
     floor = 8 * EPS * max(1.0, np.abs(truth).max())
-    line = f"seed {seed:2} pattern {str(pattern):18} stock error {error:.2e} floor {floor:.2e}"
+    line = f"seed {seed:2} pattern {pattern!s:18} stock error {error:.2e} floor {floor:.2e}"
     for name, order in (("llama", llama_order), ("gemma", gemma_order)):
         base = np.abs(baseline(tokens, config, weights, order) - truth).max()
         shares[name].append(error / (2 * base + floor + 1e-12))

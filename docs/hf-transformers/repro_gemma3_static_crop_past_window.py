@@ -40,7 +40,7 @@ forward(tokens, 0, cache)  # 5 tokens: the ring of 3 holds positions 2..4
 cache.crop(-1)  # back to 4 tokens: position 3 is needed, 0..3 claimed
 print(f"crop(-1) past the ring accepted; lengths {[layer.get_seq_length() for layer in cache.layers]}")
 got = forward([9], 4, cache)[-1]
-want = forward(tokens[:4] + [9], 0, StaticCache(config=config, max_cache_len=8))[-1]
+want = forward([*tokens[:4], 9], 0, StaticCache(config=config, max_cache_len=8))[-1]
 error = (got - want).abs().max().item()
 print(f"next token after the crop: logits off by {error:.3g} from a fresh run")
 if error > 1e-9:
