@@ -57,7 +57,8 @@ What the caches do, declared (``model_policy`` keys of issue 37, docs/spec.md §
   ``min(W, cells)`` rows and ``StaticLayer`` of ``cells``: ``window_cells: "visible"`` (the ring keeps one row
   more than a later token sees), ``fixed_capacity`` (the ``IndexError`` of ``StaticLayer.update`` is ``full``).
   Its ``crop`` refuses nothing past the window and leaves the ring's rows standing for other positions
-  (layer-level finding 8.3): ``static_cache_crop`` declares what a correct cache would and is judged.
+  (layer-level finding 8.3; docs/hf-transformers/repro_gemma3_static_crop_past_window.py): ``static_cache_crop``
+  declares what a correct ring would (``removal: "end_only"``, ``window_removal: "until_full"``) and is judged.
 - ``dynamic_cache_rows``: the sequences as batch rows of one ``DynamicCache()`` (``HfRowsAdapter``), copies by
   ``reorder_cache``, a mask per layer type (``attention_mask`` a dict ``{"full_attention": ...,
   "sliding_attention": ...}``, which ``Gemma3TextModel`` takes as it is). Not over ``DynamicCache(config)``: a
@@ -65,12 +66,6 @@ What the caches do, declared (``model_policy`` keys of issue 37, docs/spec.md §
   still sees.
 - ``model_limits["min_window"] = 2``: with ``sliding_window=1`` the second forward raises in sdpa (layer-level
   finding 7, ``repro_window_of_one.py``).
-
-Waits on other branches: the suite's capability ``interleaved_windows`` and the spelling of the architecture
-declaration, here ``model_limits["architectures"]`` (wip-oracle: its ``ModelConfig`` fields and oracle are what
-this module is checked against); ``window_cells``/``window_removal`` and their semantics (wip-stores);
-``min_window`` in ``ModelLimits``. Until then the suite refuses the declarations as unknown, and without the
-oracle's fields ``create_model`` raises ``UnsupportedModel`` naming what is missing.
 """
 
 from __future__ import annotations
@@ -102,9 +97,6 @@ from kvcache_conformance.protocol.model import ModelConfig, ModelWeights
 SLIDING, FULL = "sliding_attention", "full_attention"
 MIN_WINDOW = 2  # sliding_window=1 raises on the second forward (docs/hf-transformers/repro_window_of_one.py)
 ARCHITECTURE = "gemma3"  # the oracle's name (ModelConfig.architecture): every Gemma switch on, RoPE half_split
-GEMMA3_FIELDS = ("window_pattern", "local_rope_base", "embedding_scale", "qk_norm", "post_norms", "activation",
-                 "layer_window", "architecture")
-GEMMA3_WEIGHTS = ("q_norm", "k_norm", "post_attention_norm", "post_ffn_norm")
 
 
 class UnsupportedModel(ValueError):
@@ -113,13 +105,9 @@ class UnsupportedModel(ValueError):
 
 def gemma3_problem(config: ModelConfig) -> str | None:
     """Why ``config`` is not a Gemma 3 that transformers can build (None: it is)."""
-    missing = [name for name in GEMMA3_FIELDS if not hasattr(config, name)]
-    if missing:
-        return (f"ModelConfig has no {', '.join(missing)}: the Gemma-3 fields come with the oracle's model of issue "
-                "37 (branch wip-oracle)")
-    if config.architecture != ARCHITECTURE:  # type: ignore[attr-defined]
+    if config.architecture != ARCHITECTURE:
         return (f"Gemma3ForCausalLM runs the architecture {ARCHITECTURE!r} (every Gemma switch on, RoPE half_split), "
-                f"not {config.architecture!r}")  # type: ignore[attr-defined]
+                f"not {config.architecture!r}")
     windows = {w for w in layer_windows(config) if w is not None}
     if len(windows) > 1:
         return f"transformers has one sliding_window for every sliding layer, not {sorted(windows)}"
@@ -129,14 +117,14 @@ def gemma3_problem(config: ModelConfig) -> str | None:
 
 
 def layer_windows(config: ModelConfig) -> list[int | None]:
-    return [config.layer_window(i) for i in range(config.layers)]  # type: ignore[attr-defined]
+    return [config.layer_window(i) for i in range(config.layers)]
 
 
 def gemma3_config(config: ModelConfig) -> Gemma3TextConfig:
     """transformers' config of the suite's Gemma-3 model (checked by ``gemma3_problem`` first)."""
     windows = layer_windows(config)
     window = next((w for w in windows if w is not None), config.max_positions)
-    local = config.local_rope_base if config.local_rope_base is not None else config.rope_base  # type: ignore[attr-defined]
+    local = config.local_rope_base if config.local_rope_base is not None else config.rope_base
     return Gemma3TextConfig(
         vocab_size=config.vocab, hidden_size=config.model_width, intermediate_size=config.ffn_width,
         num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
@@ -174,9 +162,6 @@ def gemma3_model(config: ModelConfig, weights: ModelWeights, *, float64_steps: b
     with torch.no_grad():
         set_parameter(inner.embed_tokens.weight, weights.embedding)
         for layer, w in zip(inner.layers, weights.layers):
-            absent = [name for name in GEMMA3_WEIGHTS if getattr(w, name, None) is None]
-            if absent:
-                raise UnsupportedModel(f"LayerWeights without {', '.join(absent)} (wip-oracle draws them)")
             attention, mlp = layer.self_attn, layer.mlp
             norms += [(layer, "input_layernorm", w.attention_norm), (attention, "q_norm", w.q_norm),
                       (attention, "k_norm", w.k_norm), (layer, "post_attention_layernorm", w.post_attention_norm),
@@ -236,8 +221,10 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
         self.cache, self.crop_checked = cache, crop_checked
         self.capabilities = self.capabilities | self.gemma3_capabilities
         self.model_policy["window_cells"] = "all" if cache == "full_layers" else "visible"
-        if crop and cache == "dynamic":
-            self.model_policy["window_removal"] = "until_full"  # DynamicSlidingWindowLayer.crop, once it evicted
+        if crop and cache != "full_layers":
+            # DynamicSlidingWindowLayer.crop raises once it evicted; a StaticSlidingWindowLayer ring cannot un-evict
+            # either (its is_croppable), though transformers' crop does not refuse
+            self.model_policy["window_removal"] = "until_full"
 
     def _cache(self, context_model: Model, cells: int) -> Any:
         if self.cache == "full_layers":
@@ -252,12 +239,10 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
 
     def seq_pos_min(self, context: Any, seq: int) -> int:
         store = self._store(context, seq)
-        held = min((_rows_held(layer) for layer in store.cache.layers if getattr(layer, "is_sliding", False)),
-                   default=len(store.positions))
-        return min(store.positions[len(store.positions) - held:], default=-1)
+        return min(store.positions[len(store.positions) - _held(store):], default=-1)
 
     def crop_refusal(self, store: Store, n: int) -> str | None:
-        if not self.crop_checked or n == len(store.positions) or self.cache != "dynamic":
+        if not self.crop_checked or _whole(store, n) or self.cache != "dynamic":
             return None
         for index, layer in enumerate(store.cache.layers):
             if getattr(layer, "is_sliding", False) and layer.get_seq_length() >= layer.sliding_window:
@@ -266,8 +251,9 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
         return None
 
     def crop_rows(self, store: Store, n: int) -> None:
-        if n == len(store.positions):
-            store.cache.reset()  # the whole sequence: a sliding layer that evicted cannot be cropped to 0
+        if _whole(store, n):
+            store.cache.reset()  # a sliding layer that evicted cannot be cropped to 0
+            store.positions.clear()
             return
         try:
             store.cache.crop(-n)
@@ -275,6 +261,19 @@ class HfGemma3Adapter(Gemma3Build, HfModelAdapter):
             if "does not track past states" not in str(error):
                 raise
             raise CropRefused(f"transformers' crop: {error}") from error
+
+
+def _whole(store: Store, n: int) -> bool:
+    """Whether removing ``store``'s last ``n`` positions removes the whole sequence: every position, or with every
+    layer sliding every position still held (seq_pos_min on; a full layer would keep the evicted ones)."""
+    every_layer_sliding = all(getattr(layer, "is_sliding", False) for layer in store.cache.layers)
+    return n == len(store.positions) or (every_layer_sliding and n >= _held(store))
+
+
+def _held(store: Store) -> int:
+    """How many of ``store``'s last positions it still holds: its sliding layers' rows (the fewest), else all."""
+    return min((_rows_held(layer) for layer in store.cache.layers if getattr(layer, "is_sliding", False)),
+               default=len(store.positions))
 
 
 def _rows_held(layer: Any) -> int:
@@ -331,7 +330,8 @@ def static_cache() -> HfGemma3Adapter:
 
 
 def static_cache_crop() -> HfGemma3Adapter:
-    """As ``static_cache`` + seq_remove by crop (``removal: end_only``; transformers refuses nothing)."""
+    """As ``static_cache`` + seq_remove by crop (``removal: end_only``, ``window_removal: until_full``; transformers
+    refuses nothing)."""
     return HfGemma3Adapter("hf-gemma3-model-static-cache-crop", cache="static", crop=True)
 
 

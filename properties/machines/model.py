@@ -208,16 +208,19 @@ class ModelMachine(ConformanceMachine):
         return seen
 
     def _snapshot(self) -> list[Any]:
-        return [([[(cell, cell.position, frozenset(cell.sequences), frozenset(cell.uncertain)) for cell in store]
+        # window_gone too: a refused removal must not give back a cell the windowed store had evicted
+        return [([[(cell, cell.position, frozenset(cell.sequences), frozenset(cell.uncertain),
+                    frozenset(cell.window_gone)) for cell in store]
                   for store in oracle.stores], {seq: set(p) for seq, p in oracle.evicted.items()}, set(oracle.filled))
                 for oracle in self.oracles]
 
     def _restore(self, snapshot: list[Any]) -> None:
         for oracle, (stores, evicted, filled) in zip(self.oracles, snapshot):
             for store in stores:
-                for cell, position, sequences, uncertain in store:
+                for cell, position, sequences, uncertain, window_gone in store:
                     cell.position, cell.sequences, cell.uncertain = position, set(sequences), set(uncertain)
-            oracle.stores = [[cell for cell, _, _, _ in store] for store in stores]
+                    cell.window_gone = set(window_gone)
+            oracle.stores = [[cell for cell, *_ in store] for store in stores]
             oracle.evicted, oracle.filled = evicted, filled
 
     def _operation(self, what: str, on_oracle: Any, action: Any, *, inputs: Inputs | None = None,
