@@ -318,6 +318,9 @@ class CellContext:
         self.split = self.evicts and any(model.config.layer_window(i) is None for i in layers)
         self.evicted: dict[int, set[int]] = {}  # per sequence, the positions its store evicted (known)
         self.may_be_full = False  # set, not refused, by a call past the free cells of a store that evicts
+        # set by a shift or divide that moved a cell its sequence may have evicted unseen while others hold it:
+        # whether it moved for them is the engine's secret (reaches_evicted: "uncertain")
+        self.moved_unseen = False
         self.filled: set[int] = set()  # the sequences that have held W tokens, or may have lost one to eviction
 
     # -- what is observable --
@@ -424,6 +427,8 @@ class CellContext:
         ``"uncertain"`` (a cell that may have been evicted unseen); None: no."""
         if not self.evicts:
             return None
+        if self.moved_unseen:
+            return "uncertain"
         window = self.model.config.window or 0
         found = None
         for seq in range(self.config.max_sequences):
@@ -620,6 +625,7 @@ class CellContext:
         if any(cell.position + delta >= limit for cell in moved):
             raise ModelRefusal(OUTSIDE, f"a shift by {delta} moves a cell of sequence {seq} to "
                                f"{max(cell.position for cell in moved) + delta}, past the model's {limit} positions")
+        self.moved_unseen = any(seq in cell.uncertain and len(cell.sequences) > 1 for cell in moved)
         for cell in moved:
             cell.position += delta
             if cell.position < 0:
@@ -640,6 +646,8 @@ class CellContext:
         low, high = open_range(p0, p1)
         for cell in self.store_of(seq):
             if seq in cell.sequences and low <= cell.position < high:
+                self.moved_unseen |= seq in cell.uncertain and len(cell.sequences) > 1 and cell.position // d != \
+                    cell.position
                 cell.position //= d
         if seq in self.evicted:
             self.evicted[seq] = {p // d if low <= p < high else p for p in self.evicted[seq]}

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from impl.conformance import make_full_declaration_adapter
-from impl.model_conformance import make_ring_model_adapter
+from impl.model_conformance import make_ring_model_adapter, make_windowed_store_model_adapter
 from kvcache_conformance.machines.base import CALL_OUTCOMES
 from kvcache_conformance.oracle import ContextConfig, ModelBatch, ModelConfig, random_model_weights
 from kvcache_conformance.oracle.model import CellContext, Model
@@ -19,6 +20,7 @@ from kvcache_conformance.protocol.model import ModelPolicy, ModelPolicyError
 from kvcache_conformance.run import profiles, selection
 from kvcache_conformance.run.exercise import RAN
 from kvcache_conformance.run.runner import run_machine
+from kvcache_conformance.traces import codec, replay
 
 CONFIG = ModelConfig(vocab=6, model_width=4, layers=1, heads=1, kv_heads=1, head_width=2, ffn_width=4, window=3)
 
@@ -180,3 +182,14 @@ def test_the_minimal_windowed_example_conforms_to_what_it_claims() -> None:
     result = run_machine("model", adapter, property_id="model-windowed-example",
                          settings=profiles.settings_for("ci", database=None, max_examples=30))
     assert result.failure is None, result.failure
+
+
+@pytest.mark.parametrize("factory", [make_windowed_store_model_adapter, make_ring_model_adapter])
+def test_a_shift_of_a_cell_its_sequence_may_have_evicted_unseen_is_not_judged(factory: object) -> None:
+    """Found by a derandomised run (2026-12-06): in a unified context with a sink, sequence 1 (a merged copy of
+    sequence 0, both holding a cell at 8) lazily drops its share of 8 behind its sink, unseen by seq_pos_min, then
+    shifts [8, end): whether 8 moves for sequence 0 depends on that unseen eviction. The oracle once moved it and
+    failed both evicting references ("holds 0..8, should hold 0..10"); such a move is now outside what is judged."""
+    trace = Path(__file__).parent / "replay-cases" / "ring-shift-of-a-cell-shared-after-unseen-eviction.json"
+    verdict = replay.replay(codec.load(trace), factory(), out=lambda line: None)  # type: ignore[operator]
+    assert verdict.conforms, verdict.message

@@ -232,7 +232,7 @@ class ModelMachine(ConformanceMachine):
         snapshot = self._snapshot()
         results: list[Any] | None
         for oracle in self.oracles:
-            oracle.may_be_full = False
+            oracle.may_be_full = oracle.moved_unseen = False
         reach = None
         try:
             results = [on_oracle(oracle) for oracle in self.oracles]
