@@ -91,6 +91,7 @@ from adapters.hf_model import (
     RowsContext,
     Store,
     set_parameter,
+    set_projections,
 )
 from kvcache_conformance.protocol.model import ModelConfig, ModelWeights
 
@@ -162,18 +163,12 @@ def gemma3_model(config: ModelConfig, weights: ModelWeights, *, float64_steps: b
     with torch.no_grad():
         set_parameter(inner.embed_tokens.weight, weights.embedding)
         for layer, w in zip(inner.layers, weights.layers):
-            attention, mlp = layer.self_attn, layer.mlp
+            attention = layer.self_attn
             norms += [(layer, "input_layernorm", w.attention_norm), (attention, "q_norm", w.q_norm),
                       (attention, "k_norm", w.k_norm), (layer, "post_attention_layernorm", w.post_attention_norm),
                       (layer, "pre_feedforward_layernorm", w.ffn_norm),
                       (layer, "post_feedforward_layernorm", w.post_ffn_norm)]
-            set_parameter(attention.q_proj.weight, w.wq)
-            set_parameter(attention.k_proj.weight, w.wk)
-            set_parameter(attention.v_proj.weight, w.wv)
-            set_parameter(attention.o_proj.weight, w.wo)
-            set_parameter(mlp.gate_proj.weight, w.w_gate)
-            set_parameter(mlp.up_proj.weight, w.w_up)
-            set_parameter(mlp.down_proj.weight, w.w_down)
+            set_projections(layer, w)
         norms.append((inner, "norm", weights.output_norm))
         for holder, name, weight in norms:
             set_parameter(getattr(holder, name).weight, np.asarray(weight) - 1.0)

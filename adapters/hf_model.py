@@ -127,6 +127,15 @@ def llama_config(config: ModelConfig) -> LlamaConfig:
     return hf
 
 
+def set_projections(layer: Any, w: Any) -> None:
+    """A decoder layer's attention and gated feed-forward matrices (Llama's and Gemma's modules name them alike)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    for parameter, value in ((attention.q_proj, w.wq), (attention.k_proj, w.wk), (attention.v_proj, w.wv),
+                             (attention.o_proj, w.wo), (mlp.gate_proj, w.w_gate), (mlp.up_proj, w.w_up),
+                             (mlp.down_proj, w.w_down)):
+        set_parameter(parameter.weight, value)
+
+
 def set_parameter(parameter: torch.Tensor, array: np.ndarray) -> None:
     """Copy a float64 array into a parameter of the same shape (a mismatch is the adapter's error, not the engine's)."""
     value = torch.from_numpy(np.array(array, dtype=np.float64))
@@ -148,16 +157,9 @@ def llama_model(config: ModelConfig, weights: ModelWeights, *, float64_steps: bo
     with torch.no_grad():
         set_parameter(inner.embed_tokens.weight, weights.embedding)
         for layer, w in zip(inner.layers, weights.layers):
-            attention, mlp = layer.self_attn, layer.mlp
             set_parameter(layer.input_layernorm.weight, w.attention_norm)
-            set_parameter(attention.q_proj.weight, w.wq)
-            set_parameter(attention.k_proj.weight, w.wk)
-            set_parameter(attention.v_proj.weight, w.wv)
-            set_parameter(attention.o_proj.weight, w.wo)
             set_parameter(layer.post_attention_layernorm.weight, w.ffn_norm)
-            set_parameter(mlp.gate_proj.weight, w.w_gate)
-            set_parameter(mlp.up_proj.weight, w.w_up)
-            set_parameter(mlp.down_proj.weight, w.w_down)
+            set_projections(layer, w)
         set_parameter(inner.norm.weight, weights.output_norm)
         if config.tied_output:
             if model.lm_head.weight.data_ptr() != inner.embed_tokens.weight.data_ptr():
