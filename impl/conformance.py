@@ -19,6 +19,7 @@ from .attention import AttentionLayer
 from .cache import LayerKvCache, RaggedKvCache
 from .decoder import Decoder, DecodeSession
 from .functions import Functions
+from .layered_cache import LayeredKvCache
 from .model_conformance import MODEL_CAPABILITIES, MODEL_ERROR_KINDS, ModelReferenceMethods
 from .paged_conformance import PagedReferenceMethods
 from .prefix_store import BlockRows, PrefixStore, QueryResult
@@ -76,6 +77,14 @@ class RowState:
     values: np.ndarray
 
 
+@dataclass(frozen=True, eq=False)
+class LayerState:
+    """The fields of the suite's ``LayerState``: one layer's keys and values ``[B, KV, n, dh]``."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
 class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
     name = "impl-reference"
     version = __version__
@@ -87,7 +96,7 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
         "chunked_append", "truncate", "batch_reorder", "batch_select", "batch_repeat", "fork",
         "sliding_window_layer", "attention_sinks",
         "validates_length", "validates_indices", "paged_prefix_sharing",
-        "ragged_rows", "batch_merge", "batch_extract", "batch_filter",
+        "ragged_rows", "batch_merge", "batch_extract", "batch_filter", "layered_cache",
     }) | MODEL_CAPABILITIES  # the whole model (docs/spec.md §15): impl.model_conformance
 
     def create_layer(self, weights: Any, rope: Any) -> AttentionLayer:
@@ -151,6 +160,18 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
 
     def filter(self, cache: RaggedKvCache, rows: Any) -> None:
         cache.filter(rows)
+
+    # -- the caches of a model's layers, operated at once (spec §13.9): reset, truncate, reorder, select and
+    # repeat_interleave above take a LayeredKvCache too ---------------------------------------------------
+
+    def create_layered_cache(self, layers: Any, batch_size: int, capacity: int) -> LayeredKvCache:
+        return LayeredKvCache(layers, batch_size, capacity)
+
+    def layered_append(self, cache: LayeredKvCache, layer: Any, x: np.ndarray) -> np.ndarray:
+        return cache.append(layer, x)
+
+    def layered_snapshot(self, cache: LayeredKvCache) -> list[LayerState]:
+        return [LayerState(*cache.layer_rows(index)) for index in range(len(cache.layers))]
 
     def reset(self, cache: LayerKvCache) -> None:
         cache.reset()
@@ -227,8 +248,9 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     """The reference with K/V rows stored rounded (docs/spec.md §13.6): computation in float64, storage
     declared, so the suite judges it by the storage rule."""
 
-    # its rows are not judged at 1e-12; ragged batches under a declared storage are not judged yet (spec §13.8)
-    capabilities = ReferenceAdapter.capabilities - {"float64", *RAGGED_BATCHES}
+    # its rows are not judged at 1e-12; ragged batches and layered caches under a declared storage are not judged yet
+    # (spec §13.8, §13.9)
+    capabilities = ReferenceAdapter.capabilities - {"float64", *RAGGED_BATCHES, "layered_cache"}
 
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule

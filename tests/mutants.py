@@ -728,6 +728,63 @@ BATCH_MUTANTS = (
 MUTANTS = MUTANTS + BATCH_MUTANTS
 
 
+# The caches of a model's layers, operated at once (docs/spec.md §13.9; issue 38 item 3): two mutants per operation
+# over every layer, killed by the layered-cache machine behind the default reference. The first is the shipped bug's
+# kind: a loop over the layers that meets a layer never written (lazily initialised) after it changed the layers
+# before it.
+LAYERED_MUTANTS = (
+    Mutant("layered_crop_raises_at_a_layer_never_written", "layered_cache.py",
+           (("            if cache is not None:\n                cache.truncate(min(int(length), cache.length))\n",
+             "            cache.truncate(min(int(length), cache.length))  # type: ignore[union-attr]\n"),),
+           "a truncation crops the layers before a layer never written, then raises there (transformers' "
+           "DynamicCache.crop over a lazily initialised layer)", "layered cache"),
+    Mutant("layered_crop_writes_before_it_checks", "layered_cache.py",
+           (("            raise InvalidLength(length, longest)\n",
+             "            for cache in self._caches:\n"
+             "                if cache is not None and isinstance(length, (int, float)):\n"
+             "                    cache.truncate(max(0, min(int(length), cache.length)))\n"
+             "            raise InvalidLength(length, longest)\n"),),
+           "a truncation by an invalid n (negative, a bool, a float) crops every layer, then raises", "layered cache"),
+    Mutant("layered_crop_checks_the_first_layer", "layered_cache.py",
+           (("        longest = max(self.lengths)\n", "        longest = self.lengths[0]\n"),),
+           "a truncation checks n against the first layer's length: n above it (that layer shorter than another, or "
+           "never written) is refused", "layered cache"),
+    Mutant("layered_reset_forgets_the_last_layer", "layered_cache.py",
+           (("        for cache in self._caches:\n            if cache is not None:\n                cache.reset(",
+             "        for cache in self._caches[:-1]:\n"
+             "            if cache is not None:\n                cache.reset("),),
+           "a reset empties every layer but the last", "layered cache"),
+    Mutant("layered_reset_stops_at_a_layer_never_written", "layered_cache.py",
+           (("            if cache is not None:\n                cache.reset(zero_storage=zero_storage)\n",
+             "            if cache is None:\n                break\n"
+             "            cache.reset(zero_storage=zero_storage)\n"),),
+           "a reset stops at the first layer never written: the layers after it keep their rows", "layered cache"),
+    Mutant("layered_reorder_raises_at_a_layer_never_written", "layered_cache.py",
+           (("            if cache is not None:\n                cache.reorder(indices)\n",
+             "            cache.reorder(indices)  # type: ignore[union-attr]\n"),),
+           "a reorder gathers the layers before a layer never written, then raises there", "layered cache"),
+    Mutant("layered_reorder_stops_at_a_layer_never_written", "layered_cache.py",
+           (("            if cache is not None:\n                cache.reorder(indices)\n",
+             "            if cache is None:\n                break\n            cache.reorder(indices)\n"),),
+           "a reorder skips the layers after a layer never written: their rows stay where they were", "layered cache"),
+    Mutant("layered_select_raises_at_a_layer_never_written", "layered_cache.py",
+           (("            if cache is not None:\n                cache.select(indices)\n",
+             "            cache.select(indices)  # type: ignore[union-attr]\n"),),
+           "a select shrinks the layers before a layer never written, then raises there", "layered cache"),
+    Mutant("layered_select_keeps_the_old_batch_of_a_layer_never_written", "layered_cache.py",
+           (("        self.batch_size = len(indices)  # the size of a layer written later, too\n", ""),),
+           "a select shrinks the layers written only: a layer never written keeps the old batch size (its snapshot, "
+           "and its first write refused as of the wrong batch)", "layered cache"),
+    Mutant("layered_repeat_keeps_the_old_batch_of_a_layer_never_written", "layered_cache.py",
+           (("        self.batch_size *= int(repeats)  # type: ignore[call-overload]\n", ""),),
+           "a repeat grows the layers written only: a layer never written keeps the old batch size", "layered cache"),
+    Mutant("layered_append_through_the_first_layer", "layered_cache.py",
+           (("        layer = self.layers[int(index)]\n", "        layer = self.layers[0]\n"),),
+           "every layer's rows are computed with the first layer's parameters", "layered cache"),
+)
+MUTANTS = MUTANTS + LAYERED_MUTANTS
+
+
 HELD_CELLS_SEEN = ("                held = ~(named[mine][:, None, :] & ~self.members[stream][None, :, :]).any(axis=2)"
                    "  # [m, C]\n")
 # The whole model (impl/model.py, docs/spec.md §15): at least two visible mutants of each sequence operation, killed
@@ -1088,6 +1145,8 @@ def runs_for(mutant: Mutant) -> list[tuple[str, str, dict[str, Any]]]:
         return [("model", "model", {})]
     if mutant.machine == "batches":
         return [("batches", "batches", {})]
+    if mutant.machine == "layered cache":
+        return [("layered", "layered_cache", {})]
     if mutant.machine in ("cache operations", "window cache"):  # a window mutant: the windowed run only
         return [(f"operations/{'window' if windowed else 'full'}", "cache_operations", {"windowed": windowed})
                 for windowed in ((True,) if mutant.machine == "window cache" else (False, True))]

@@ -41,6 +41,7 @@ PROPERTIES: list[tuple[str, str, dict[str, Any]]] = [
     ("properties/test_paged_cache.py::test_paged_cache_conforms", "paged", {}),
     ("properties/test_whole_model.py::test_whole_model_conforms", "model", {}),
     ("properties/test_batches.py::test_batches_conform", "batches", {}),
+    ("properties/test_layered_cache.py::test_layered_cache_conforms", "layered_cache", {}),
 ]
 EXAMPLES = 3  # a derandomised search's programs, as many as a test affords: the seed decides the first as the last
 

@@ -39,6 +39,7 @@ METHODS_OF = {
     Capability.RAGGED_ROWS.value: ("create_ragged_cache", "append_ragged", "ragged_snapshot"),
     Capability.BATCH_MERGE.value: ("merge",), Capability.BATCH_EXTRACT.value: ("extract",),
     Capability.BATCH_FILTER.value: ("filter",),
+    Capability.LAYERED_CACHE.value: ("create_layered_cache", "layered_append", "layered_snapshot"),
     Capability.DECODE_SESSION.value: ("create_decoder", "update_block_weights", "create_session", "prefill", "decode",
                                       "reset_session", "session_state"),
     Capability.PREFIX_STORE.value: ("create_decoder", "update_block_weights", "create_store", "store_prefill",
@@ -250,6 +251,9 @@ def declaration_problems(adapter: Any) -> list[str]:
                                     Capability.BATCH_FILTER.value})
     if splits and Capability.RAGGED_ROWS.value not in capabilities:
         problems.append(f"declares {', '.join(splits)} without ragged_rows: they work on ragged batches")
+    if Capability.LAYERED_CACHE.value in capabilities and not capabilities & LAYER_CONVENTIONS:
+        problems.append("declares layered_cache without a layer convention (rope_interleaved, rope_half_split or "
+                        "positionless): its layers are layer caches")
     if Capability.INTERLEAVED_WINDOWS.value in capabilities and not {
             Capability.WHOLE_MODEL.value, Capability.SLIDING_WINDOW.value} <= capabilities:
         problems.append("declares interleaved_windows without whole_model and sliding_window: it windows some of a "

@@ -97,6 +97,10 @@ class Capability(str, Enum):
     BATCH_MERGE = "batch_merge"  # merge(cache, other): other's rows appended after the cache's (continuous batching)
     BATCH_EXTRACT = "batch_extract"  # extract(cache, row): a new cache of that one row; the cache unchanged
     BATCH_FILTER = "batch_filter"  # filter(cache, rows): keep these rows, in this order; none leaves a batch of 0
+    # The caches of a model's layers, operated at once (docs/spec.md §13.9): create_layered_cache, layered_append (one
+    # layer at a time), layered_snapshot; reset and, where declared, truncate, reorder, select, repeat_interleave
+    # over every layer, a layer never written included.
+    LAYERED_CACHE = "layered_cache"
     VALIDATES_LENGTH = "validates_length"  # truncate rejects an invalid n with invalid_length
     VALIDATES_INDICES = "validates_indices"  # reorder rejects invalid indices with invalid_indices
     # the decoder of docs/spec.md §9-10 (``DecoderAdapter``)

@@ -150,3 +150,30 @@ class RaggedBatches(Protocol):
 
     def filter(self, cache: Any, rows: Any) -> None:
         """``batch_filter``: keep ``rows`` (distinct, in this order; none leaves a batch of no rows)."""
+
+
+@dataclass(frozen=True, eq=False)
+class LayerState:
+    """One layer of a layered cache, as copies: its ``keys`` (as §3 says) and ``values`` ``[B, KV, n, dh]``, the
+    ``n`` rows that layer holds (0 for a layer never written) at positions ``0 .. n - 1`` (docs/spec.md §13.9)."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
+@runtime_checkable
+class LayeredCaches(Protocol):
+    """The caches of a model's layers, operated at once (``layered_cache``, docs/spec.md §13.9). ``reset`` takes a
+    layered cache, and so do ``truncate``, ``reorder``, ``select`` and ``repeat_interleave`` where their
+    capabilities are declared: each acts on every layer at once, a layer never written included, all or nothing."""
+
+    def create_layered_cache(self, layers: list[Any], batch_size: int, capacity: int) -> Any:
+        """A cache of ``len(layers)`` layers, layer ``l`` bound to ``layers[l]``, each of ``batch_size`` rows and
+        room for ``capacity`` tokens, none written."""
+
+    def layered_append(self, cache: Any, layer: int, x: np.ndarray) -> np.ndarray:
+        """``x [B, T, D]`` (T >= 1) through layer ``layer``'s parameters and appended to that layer alone, as
+        ``append`` (§13.1) appends to a layer cache; returns ``[B, T, D]``."""
+
+    def layered_snapshot(self, cache: Any) -> Any:
+        """One ``LayerState`` (or any object with its fields) per layer, in order."""

@@ -27,6 +27,7 @@ PROPERTIES: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
     "paged": (("test_paged_cache.py::test_paged_cache_conforms", {}),),
     "model": (("test_whole_model.py::test_whole_model_conforms", {}),),
     "batches": (("test_batches.py::test_batches_conform", {}),),
+    "layered_cache": (("test_layered_cache.py::test_layered_cache_conforms", {}),),
 }
 
 
