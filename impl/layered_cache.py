@@ -46,6 +46,10 @@ class LayeredKvCache:
     def written(self) -> list[bool]:
         return [cache is not None for cache in self._caches]
 
+    def cache_of(self, index: int) -> LayerKvCache | None:
+        """Layer ``index``'s own cache (None: never written)."""
+        return self._caches[index]
+
     def layer_rows(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of layer ``index``'s keys and values ``[B, KV, n, dh]`` (n = 0 if never written)."""
         cache = self._caches[index]

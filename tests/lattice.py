@@ -38,7 +38,8 @@ from impl.conformance import (
     UncheckedCapacityAdapter,
     WindowUntilFullAdapter,
 )
-from impl.errors import CacheFull, InvalidIndices, SequenceOperationRefused
+from impl.errors import CacheFull, InvalidIndices, InvalidLength, SequenceOperationRefused
+from impl.layered_cache import LayeredKvCache
 from impl.model import ModelContext
 from impl.model_conformance import (
     EndOnlyRemovalModelAdapter,
@@ -955,6 +956,91 @@ TWINS.update({
         lambda: Declared("twin-filter-refuses-none", REFERENCE, FilterRefusesNoneAdapter()), "batches", {},
         "expected success"),
 })
+
+
+# -- the caches of a model's layers (docs/spec.md §13.9): another layout, and transformers' crop over a layer never
+# written ---------------------------------------------------------------------------------------------------------
+
+class EagerLayers:
+    """A layered cache that builds every layer's cache at creation (a static cache's layout): no layer is ever
+    "never written" inside, and every operation is the layer caches' own, one layer after another -- all or nothing
+    because every layer checks the same argument against the same batch before the first changes."""
+
+    def __init__(self, layers: list[Any], batch_size: int, capacity: int) -> None:
+        self.layers = list(layers)
+        self.caches = [LayerKvCache(layer, batch_size, capacity) for layer in layers]
+
+    def append(self, index: Any, x: Any) -> Any:
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.caches):
+            raise InvalidIndices(f"layer {index!r}")
+        return self.layers[index].forward_chunk(x, self.caches[index])
+
+    def layer_rows(self, index: int) -> tuple[Any, Any]:
+        return self.caches[index].keys(), self.caches[index].values()
+
+    def reset(self) -> None:
+        for cache in self.caches:
+            cache.reset()
+
+    def truncate(self, n: Any) -> None:
+        longest = max(cache.length for cache in self.caches)
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= longest:
+            raise InvalidLength(n, longest)
+        for cache in self.caches:
+            cache.truncate(min(n, cache.length))
+
+    def reorder(self, indices: Any) -> None:
+        for cache in self.caches:
+            cache.reorder(indices)
+
+    def select(self, indices: Any) -> None:
+        for cache in self.caches:
+            cache.select(indices)
+
+    def repeat_interleave(self, repeats: Any) -> None:
+        for cache in self.caches:
+            cache.repeat_interleave(repeats)
+
+
+class EagerLayersAdapter(ReferenceAdapter):
+    def create_layered_cache(self, layers: Any, batch_size: int, capacity: int) -> Any:
+        return EagerLayers(layers, batch_size, capacity)
+
+
+class CropsUpToANeverWrittenLayer(LayeredKvCache):
+    """transformers' ``DynamicCache.crop`` over a lazily initialised layer (issue 38): the layers before a layer
+    never written are cropped, then the crop raises there (``None`` has no keys to slice)."""
+
+    def truncate(self, length: object) -> None:
+        longest = max(self.lengths)
+        if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= longest:
+            raise InvalidLength(length, longest)
+        for index in range(len(self.layers)):
+            cache = self.cache_of(index)
+            if cache is None:
+                raise TypeError("'NoneType' object is not subscriptable")
+            cache.truncate(min(length, cache.length))
+
+
+class CropsUpToANeverWrittenLayerAdapter(ReferenceAdapter):
+    def create_layered_cache(self, layers: Any, batch_size: int, capacity: int) -> Any:
+        return CropsUpToANeverWrittenLayer(layers, batch_size, capacity)
+
+
+VARIANTS.update({
+    # every layer's cache built at creation: another layout of the same layers (nothing to declare)
+    "layered-eager-layers": lambda: Declared("layered-eager-layers", REFERENCE, EagerLayersAdapter()),
+    # the crop that raises at a layer never written: honest without layered_cache (its layer caches still judged)
+    "layered-crop-raises-at-a-layer-never-written": lambda: Declared(
+        "layered-crop-raises-at-a-layer-never-written", REFERENCE - {"layered_cache"},
+        CropsUpToANeverWrittenLayerAdapter()),
+})
+TWINS.update({
+    # the same cache declaring layered_cache: a valid crop must succeed over a layer never written (§13.9)
+    "layered-crop-raises-at-a-layer-never-written-claims-layered-cache": (
+        lambda: Declared("twin-crop-raises-at-a-layer-never-written", REFERENCE,
+                         CropsUpToANeverWrittenLayerAdapter()), "layered_cache", {}, "unexpected exception"),
+})
 VARIANTS.update(MODEL_VARIANTS)
 TWINS.update(MODEL_TWINS)
 
@@ -971,6 +1057,7 @@ PAGED_CAPABILITIES = frozenset({"paged_prefix_sharing"})
 OPERATIONS_CAPABILITIES = frozenset({"chunked_append", "truncate", "batch_reorder", "fork", "batch_select",
                                      "batch_repeat"})
 BATCHES_CAPABILITIES = frozenset({"ragged_rows", "batch_merge", "batch_extract", "batch_filter"})
+LAYERED_CAPABILITIES = frozenset({"layered_cache"})
 AREAS = {  # area: (its capabilities, its declarations, its methods), and the property that judges it
     "model": (MODEL_CAPABILITIES, {"model_policy", "model_limits"},
               {m for c in MODEL_CAPABILITIES for m in METHODS_OF.get(c, ())}, "properties/test_whole_model.py"),
@@ -983,6 +1070,9 @@ AREAS = {  # area: (its capabilities, its declarations, its methods), and the pr
     # ragged batches (§13.8), read by the batches machine alone (properties/machines/batches.py)
     "batches": (BATCHES_CAPABILITIES, set(), {m for c in BATCHES_CAPABILITIES for m in METHODS_OF[c]},
                 "properties/test_batches.py"),
+    # the caches of a model's layers (§13.9), read by the layered-cache machine alone (properties/machines/layered.py)
+    "layered": (LAYERED_CAPABILITIES, set(), {m for c in LAYERED_CAPABILITIES for m in METHODS_OF[c]},
+                "properties/test_layered_cache.py"),
 }
 DECLARATION_NAMES = ("model_policy", "model_limits", "paged_policy", "layer_limits", "dtype", "storage", "kv_storage",
                      "mixed_precision", "error_kind")
