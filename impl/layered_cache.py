@@ -70,7 +70,7 @@ class LayeredKvCache:
         cache = self._caches[int(index)]
         if cache is None:
             cache = LayerKvCache(layer, self.batch_size, self.capacity)
-        output = layer.forward_chunk(x, cache)  # checks everything before it writes
+        output: np.ndarray = layer.forward_chunk(x, cache)  # checks everything before it writes
         self._caches[int(index)] = cache
         return output
 
