@@ -165,6 +165,20 @@ class LayeredCacheMachine(ConformanceMachine):
         if len(set(self._lengths())) > 1:
             self.exercised("layers of different lengths")
 
+    @rule(data=st.data(), requires=[Capability.VALIDATES_INDICES])
+    def append_to_an_invalid_layer(self, data: Draws) -> None:
+        """Rows for a layer that is not an int in [0, L) -- negative (never wrapped around), L or more, a float, a
+        bool: INVALID_INDICES, no layer changed."""
+        count = len(self.layers)
+        index = data.draw(st.sampled_from([-1, -count, count, count + 1, 0.0, True]), label="invalid layer")
+        x = data.draw(g.chunks(self.batch, 1, self.config.model_width), label="chunk")
+        what = f"append a row to layer {index!r} of {count} layers holding {self._lengths()}"
+        handed = Inputs()
+        given = handed("x", x)
+        self.call(what, lambda: self.adapter.layered_append(self.cache, index, given),
+                  due=Due.check(ErrorKind.INVALID_INDICES), inputs=handed, observe=lambda: self._observed(what),
+                  replace=self._replace)
+
     # -- operations over every layer ------------------------------------------------------------------
 
     @rule(data=st.data(), requires=[Capability.TRUNCATE])
