@@ -19,6 +19,11 @@ to the class's own public method: ``truncate(n)`` to ``crop(n - length)``
 layer holds -- for the quantized layers, the dequantized stored rows, read
 through the layer's own ``_dequantize``: there is no public accessor.
 
+The ``*_padded`` adapters drive ragged batches (§13.8) as ``generate`` drives a left-padded batch
+(``PaddedBatches``: generate's 2-D attention mask and positions, transformers' ``create_causal_mask``):
+
+    KVCACHE_IMPL=adapters.hf_caches:dynamic_cache_padded pytest -n 0 properties/test_batches.py
+
 No adapter claims input validation, non-finite rejection or binding checks:
 transformers has none at this level (those steps are still fed; a call that
 raised must have changed nothing).
@@ -232,12 +237,12 @@ class PaddedBatches:
     per-row crop: ``crop`` removes the last columns of every row), so neither those nor truncate are declared.
     """
 
+    skip_empty_batch = False  # the glue's way around LlamaAttention's RuntimeError on a batch of no rows
+
     def create_ragged_cache(self, layer: Layer, batch_size: int, capacity: int) -> Handle:
         handle = self.create_cache(layer, batch_size, capacity)  # type: ignore[attr-defined]
         handle.attention_mask = torch.zeros((batch_size, 0), dtype=torch.long)
         return handle
-
-    skip_empty_batch = False  # the glue's way around LlamaAttention's RuntimeError on a batch of no rows
 
     def append_ragged(self, layer: Layer, cache: Handle, x: np.ndarray, lengths: Any) -> np.ndarray:
         hidden = torch.from_numpy(np.asarray(x))
