@@ -19,6 +19,11 @@ to the class's own public method: ``truncate(n)`` to ``crop(n - length)``
 layer holds -- for the quantized layers, the dequantized stored rows, read
 through the layer's own ``_dequantize``: there is no public accessor.
 
+The ``*_padded`` adapters drive ragged batches (§13.8) as ``generate`` drives a left-padded batch
+(``PaddedBatches``: generate's 2-D attention mask and positions, transformers' ``create_causal_mask``):
+
+    KVCACHE_IMPL=adapters.hf_caches:dynamic_cache_padded pytest -n 0 properties/test_batches.py
+
 No adapter claims input validation, non-finite rejection or binding checks:
 transformers has none at this level (those steps are still fed; a call that
 raised must have changed nothing).
@@ -35,6 +40,7 @@ import torch
 import transformers
 from transformers import DynamicCache, EncoderDecoderCache, LlamaConfig, QuantizedCache, StaticCache
 from transformers.cache_utils import Cache, LinearAttentionAndFullAttentionLayer, QuantizedLayer
+from transformers.masking_utils import create_causal_mask
 
 from .hf_llama import ATTENTION, DTYPE, Float64Rotary, Layer, llama_attention, llama_config, weights_of, write_weights
 
@@ -70,6 +76,8 @@ class Handle:
     kv_heads: int
     head_width: int
     window: int | None
+    # generate's 2-D attention mask over the columns the cache holds (1: a row's token, 0: padding); ragged only
+    attention_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,6 +211,92 @@ class SelectAndRepeat:
 
     def repeat_interleave(self, cache: Handle, repeats: Any) -> None:
         cache.hf.batch_repeat_interleave(repeats)
+        cache.batch *= int(repeats)
+
+
+@dataclass(frozen=True, eq=False)
+class PaddedRow:
+    """One row of a padded batch as docs/spec.md §13.8 shows it: its own tokens' keys and values, no padding."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+
+class PaddedBatches:
+    """Ragged batches as ``generate`` runs them (docs/spec.md §13.8, ``ragged_rows``): every chunk goes into the
+    cache whole, padding columns included, so every row holds the same number of columns; which of them are a
+    row's tokens is generate's 2-D ``attention_mask`` (kept on the handle, extended by each chunk's left padding,
+    as ``_update_model_kwargs_for_generation`` extends it). Each forward is the one ``LlamaModel.forward`` makes:
+    positions ``cumsum(mask) - 1`` with padding at 0 (``_prepare_position_ids_for_generation``), the last T of
+    them; the 4-D mask from transformers' own ``create_causal_mask`` (sized by the cache's ``get_mask_sizes``);
+    then ``LlamaAttention`` with the cache's own ``update``. A row's snapshot is its masked-in columns.
+
+    The batch-size operations are the cache's own, each applied to the mask's rows as generate applies it to its
+    ``attention_mask``: ``batch_select_indices`` (select, and filter: "only keep the indices in the batch
+    dimension"), ``batch_repeat_interleave`` (repeat). There is no merge nor extract in 5.24's cache API (nor a
+    per-row crop: ``crop`` removes the last columns of every row), so neither those nor truncate are declared.
+    """
+
+    skip_empty_batch = False  # the glue's way around LlamaAttention's RuntimeError on a batch of no rows
+
+    def create_ragged_cache(self, layer: Layer, batch_size: int, capacity: int) -> Handle:
+        handle = self.create_cache(layer, batch_size, capacity)  # type: ignore[attr-defined]
+        handle.attention_mask = torch.zeros((batch_size, 0), dtype=torch.long)
+        return handle
+
+    def append_ragged(self, layer: Layer, cache: Handle, x: np.ndarray, lengths: Any) -> np.ndarray:
+        hidden = torch.from_numpy(np.asarray(x))
+        batch, new = hidden.shape[0], hidden.shape[1]
+        if self.skip_empty_batch and batch == 0:
+            return np.zeros(hidden.shape)  # no row appends anything; LlamaAttention's view(..., -1, dh) would raise
+        chunk = torch.zeros((batch, new), dtype=torch.long)  # generate's padding: 0 before a row's tokens
+        for b in range(batch):
+            chunk[b, new - int(lengths[b]):] = 1
+        mask = torch.cat([cache.attention_mask, chunk], dim=1)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+        attention_cache = self._attention_cache(cache)  # type: ignore[attr-defined]
+        with torch.no_grad():
+            cos_sin = layer.rotary(hidden, positions)
+            causal = create_causal_mask(config=layer.config, inputs_embeds=hidden, attention_mask=mask,
+                                        cache=attention_cache, position_ids=positions)
+            output, _ = layer.attention(hidden, cos_sin, causal, cache=attention_cache)
+        cache.attention_mask = mask
+        return output.numpy()
+
+    def ragged_snapshot(self, cache: Handle) -> list[PaddedRow]:
+        mask = cache.attention_mask
+        layers = self._attention_cache(cache).layers  # type: ignore[attr-defined]
+        held = self._held(layers[0]) if layers and layers[0].is_initialized else None  # type: ignore[attr-defined]
+        rows = []
+        for b in range(mask.shape[0]):
+            columns = torch.nonzero(mask[b]).reshape(-1)
+            if held is None:
+                empty = np.zeros((cache.kv_heads, len(columns), cache.head_width))
+                rows.append(PaddedRow(empty, empty.copy()))
+                continue
+            keys, values = (t[b][:, columns].detach().numpy().copy() for t in held)
+            rows.append(PaddedRow(keys, values))
+        return rows
+
+    def reset(self, cache: Handle) -> None:
+        cache.hf.reset()
+        if cache.attention_mask is not None:
+            cache.attention_mask = cache.attention_mask[:, :0]
+
+    def select(self, cache: Handle, indices: Any) -> None:
+        kept = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        cache.hf.batch_select_indices(kept)
+        if cache.attention_mask is not None:
+            cache.attention_mask = cache.attention_mask[kept]
+        cache.batch = len(kept)
+
+    def filter(self, cache: Handle, rows: Any) -> None:
+        self.select(cache, rows)
+
+    def repeat_interleave(self, cache: Handle, repeats: Any) -> None:
+        cache.hf.batch_repeat_interleave(repeats)
+        if cache.attention_mask is not None:
+            cache.attention_mask = cache.attention_mask.repeat_interleave(repeats, dim=0)
         cache.batch *= int(repeats)
 
 
@@ -414,3 +508,65 @@ def encoder_decoder_cache() -> EncoderDecoderCacheAdapter:
 
 def hybrid_layer() -> HybridLayerAdapter:
     return HybridLayerAdapter()
+
+
+# -- padded batches as generate runs them (docs/spec.md §13.8; docs/hf-transformers/README.md, "Padded batches") ----
+
+PADDED = {"float64", "ragged_rows"}
+# generate sizes a StaticCache to the padded prompt plus max_new_tokens; here every chunk adds its T columns to
+# every row, padding included, whatever the suite's per-row capacity: a program of the thorough profile (80 steps,
+# chunks of up to 5 columns) needs at most 400. No `full` is declared (§13.8 does not draw it yet)
+PADDED_STATIC_COLUMNS = 400
+
+
+class DynamicPaddedAdapter(PaddedBatches, DynamicCacheAdapter):
+    """``DynamicCache`` under left-padded batches, with select, repeat and filter by its batch methods."""
+
+    def __init__(self, skip_empty_batch: bool = False) -> None:
+        super().__init__("dynamic-cache-padded-skip-empty-batch" if skip_empty_batch else "dynamic-cache-padded")
+        self.capabilities = frozenset(BASE | PADDED | {"batch_select", "batch_repeat", "batch_filter"})
+        self.skip_empty_batch = skip_empty_batch
+
+
+class StaticPaddedAdapter(PaddedBatches, StaticCacheAdapter):
+    """``StaticCache`` under left-padded batches: no batch-size operation (``StaticLayer`` has none: its batch is
+    its buffers' first dimension, fixed at the first update)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "hf-static-cache-padded"
+        self.capabilities = frozenset(BASE | PADDED)
+
+    def _make(self, config: LlamaConfig, capacity: int, window: int | None) -> StaticCache:
+        return StaticCache(config=_windowed_config(config, window), max_cache_len=PADDED_STATIC_COLUMNS)
+
+
+class HqqPaddedAdapter(PaddedBatches, HqqCacheAdapter):
+    """``QuantizedCache('hqq')`` under left-padded batches, with its declared storage: §13.8 does not judge a
+    declared storage on ragged batches yet, so the property skips it with that reason."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "hf-quantized-cache-hqq-padded"
+        self.capabilities = frozenset(BASE | {"ragged_rows"})
+
+
+def dynamic_cache_padded() -> DynamicPaddedAdapter:
+    """DynamicCache driven as generate drives a left-padded batch; select, repeat, filter."""
+    return DynamicPaddedAdapter()
+
+
+def dynamic_cache_padded_skip_empty_batch() -> DynamicPaddedAdapter:
+    """As ``dynamic_cache_padded``, without calling ``LlamaAttention`` on a batch of no rows (after a filter to none),
+    which raises RuntimeError: to judge what that hides."""
+    return DynamicPaddedAdapter(skip_empty_batch=True)
+
+
+def static_cache_padded() -> StaticPaddedAdapter:
+    """StaticCache driven as generate drives a left-padded batch."""
+    return StaticPaddedAdapter()
+
+
+def quantized_cache_hqq_padded() -> HqqPaddedAdapter:
+    """QuantizedCache('hqq') driven as generate drives a left-padded batch (skipped: declared storage)."""
+    return HqqPaddedAdapter()

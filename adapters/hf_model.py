@@ -511,6 +511,53 @@ class HfRowsAdapter(HfModelAdapter):
         context.valid[dst], context.positions[dst] = list(context.valid[src]), list(context.positions[src])
 
 
+class HfPaddedRowsAdapter(HfRowsAdapter):
+    """As ``HfRowsAdapter``, each batch laid out as ``generate`` lays out a batch of prompts (docs/spec.md §13.8's
+    layout at model level): a row's tokens **left**-padded to the batch's longest, generate's 2-D
+    ``attention_mask`` over every column the cache holds (1: a token of the row's sequence, 0: padding), handed to
+    the model, which builds its 4-D mask with its own ``create_causal_mask``; positions computed from that mask as
+    ``_prepare_position_ids_for_generation`` does (``cumsum - 1``, padding at 0), never taken from the batch: the
+    engine numbers positions itself, so ``model_policy["positions"] = "from_zero"`` is declared."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.model_policy["positions"] = "from_zero"
+
+    def decode_batch(self, context: RowsContext, batch: ModelBatch) -> np.ndarray:
+        rows, slots = len(context.valid), len(context.valid[0])
+        mine: list[list[int]] = [[] for _ in range(rows)]
+        for index, seq in enumerate(batch.sequences):
+            mine[self._row(context, seq)].append(index)
+        longest = max(map(len, mine), default=0)
+        ids = torch.zeros((rows, longest), dtype=torch.long)
+        new = torch.zeros((rows, longest), dtype=torch.long)
+        for row, indices in enumerate(mine):
+            start = longest - len(indices)
+            for j, index in enumerate(indices):
+                ids[row, start + j], new[row, start + j] = batch.tokens[index], 1
+        held = torch.tensor([[int(v) for v in row] for row in context.valid], dtype=torch.long).reshape(rows, slots)
+        mask = torch.cat([held, new], dim=1)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, slots:]
+        try:
+            with torch.no_grad():
+                out = context.model.hf(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                       cache=context.cache, use_cache=True)
+        except BaseException:
+            for layer in context.cache.layers:
+                now = int(layer.get_seq_length()) if layer.is_initialized else 0
+                if now != slots:
+                    layer.crop(slots - now)
+            raise
+        logits = np.zeros((len(batch.tokens), context.model.config.vocab))
+        for row, indices in enumerate(mine):
+            start = longest - len(indices)
+            for j, index in enumerate(indices):
+                logits[index] = out.logits[row, start + j].detach().numpy()
+            context.valid[row] += [bool(v) for v in new[row]]
+            context.positions[row] += [int(p) for p in positions[row]]
+        return logits[[bool(w) for w in batch.logits]]
+
+
 def static_rows(layer: Any) -> int:
     """The rows a static layer holds, oldest first from slot 0 (a sliding ring's: at most its length)."""
     if not layer.is_initialized:
@@ -554,6 +601,12 @@ def static_cache_no_roll_back() -> HfModelAdapter:
 def dynamic_cache_rows() -> HfRowsAdapter:
     """One DynamicCache whose rows are the sequences (padded batches, a 4D mask); copies by reorder_cache."""
     return HfRowsAdapter("hf-llama-model-dynamic-cache-rows")
+
+
+def dynamic_cache_padded() -> HfPaddedRowsAdapter:
+    """One DynamicCache whose rows are the sequences, each batch left-padded under generate's 2-D attention_mask
+    and positions (``positions: from_zero``); copies by reorder_cache."""
+    return HfPaddedRowsAdapter("hf-llama-model-dynamic-cache-padded")
 
 
 def dynamic_cache_stock() -> HfModelAdapter:

@@ -4,7 +4,7 @@
 
 For each adapter of ``PLAN``: pytest on the properties that concern it
 (``adapters.hf_llama``'s: every property; ``adapters.hf_caches``'s: the
-cache-operations property, its full and/or window run; ``adapters.hf_paged``'s:
+cache-operations property, its full and/or window run, or the batches property; ``adapters.hf_paged``'s:
 the paged property; ``adapters.hf_model``'s and ``adapters.hf_gemma3``'s: the whole-model property) with ``--kv-report
 DIR/<adapter>.json`` and ``--kv-traces DIR/traces`` (Hypothesis profile
 ``ci``: derandomised, so the verdicts are repeatable).
@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "docs" / "hf-transformers" / "outcomes.json"
 OPERATIONS = "properties/test_cache_operations.py"
 PAGED = "properties/test_paged_cache.py"
+BATCHES = "properties/test_batches.py"
 MODEL = "properties/test_whole_model.py"
 
 
@@ -73,6 +74,11 @@ PLAN = (
     Run("quantized_cache_hqq", "adapters.hf_caches", (OPERATIONS,), "full", "0"),
     Run("encoder_decoder_cache", "adapters.hf_caches", (OPERATIONS,), "full", "0", in_ci=False),
     Run("hybrid_layer", "adapters.hf_caches", (OPERATIONS,), "full", "0", in_ci=False),
+    # left-padded batches as generate runs them (docs/spec.md §13.8; README.md, "Padded batches"): ~15-40 s each
+    Run("dynamic_cache_padded", "adapters.hf_caches", (BATCHES,), workers="0"),
+    Run("dynamic_cache_padded_skip_empty_batch", "adapters.hf_caches", (BATCHES,), workers="0"),
+    Run("static_cache_padded", "adapters.hf_caches", (BATCHES,), workers="0"),
+    Run("quantized_cache_hqq_padded", "adapters.hf_caches", (BATCHES,), workers="0"),  # skipped: declared storage
     # transformers' PagedAttentionCache (continuous batching), docs/hf-transformers/paged.md
     Run("paged_attention_cache", "adapters.hf_paged", (PAGED,), workers="0"),
     Run("paged_attention_cache_ids_checked", "adapters.hf_paged", (PAGED,), workers="0"),
@@ -82,7 +88,7 @@ PLAN = (
     # at ci that CI's budget does not have (their traces are still replayed)
     *(Run(f"model_{factory}", "adapters.hf_model", (MODEL,), workers="0", factory=factory, in_ci=False)
       for factory in ("dynamic_cache", "static_cache", "dynamic_cache_rows", "dynamic_cache_stock",
-                      "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back")),
+                      "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back", "dynamic_cache_padded")),
     # Gemma3ForCausalLM, sliding and full layers (docs/hf-transformers/gemma3-notes.md, issue 37): by a full report
     # only, 190-450 s each at ci that CI's budget does not have (their traces are still replayed)
     *(Run(f"model_gemma3_{factory}", "adapters.hf_gemma3", (MODEL,), workers="0", factory=factory, in_ci=False)

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from adapters import hf_model
 
 FACTORIES = ["dynamic_cache", "static_cache", "dynamic_cache_crop", "static_cache_crop", "static_cache_no_roll_back",
-             "dynamic_cache_rows", "dynamic_cache_stock"]
+             "dynamic_cache_rows", "dynamic_cache_stock", "dynamic_cache_padded"]
 # A width other than heads x head width (6 = 2 x 3, head width 4), GQA, tied and untied.
 CONFIGS = [ModelConfig(vocab=11, model_width=6, layers=2, heads=2, kv_heads=1, head_width=4, ffn_width=7,
                        rope_style="half_split", rope_base=100.0, tied_output=tied) for tied in (False, True)]
@@ -129,5 +129,22 @@ def test_rows_of_one_cache_a_padded_batch_and_a_reorder() -> None:
     assert np.max(np.abs(got[1:] - full_model([9, 8], config, weights))) < 1e-12
     adapter.seq_copy(context, 1, 2, -1, -1)  # reorder_cache([0, 1, 1])
     assert (adapter.seq_pos_min(context, 2), adapter.seq_pos_max(context, 2)) == (0, 1)
+    again = adapter.decode_batch(context, ModelBatch.of_sequence(2, [7], 2))
+    assert np.max(np.abs(again - full_model([9, 8, 7], config, weights)[2:])) < 1e-12
+
+
+def test_rows_left_padded_as_generate_pads_them_and_numbered_from_the_mask() -> None:
+    config, weights = CONFIGS[1], random_model_weights(CONFIGS[1], 5)
+    adapter = hf_model.dynamic_cache_padded()
+    assert adapter.model_policy["positions"] == "from_zero"  # generate numbers positions from its mask
+    context = adapter.create_context(adapter.create_model(config, weights),
+                                     ContextConfig(cells=12, max_sequences=3, unified=False))
+    adapter.decode_batch(context, ModelBatch.of_sequence(0, [1, 2, 3], 0))  # rows 1 and 2: three padding columns
+    assert context.valid[1] == [False] * 3
+    got = adapter.decode_batch(context, ModelBatch((4, 9, 8), (3, 0, 1), (0, 1, 1), (True, True, True)))
+    assert context.valid[0][3:] == [False, True]  # row 0's one token is left-padded to the batch's two
+    assert np.max(np.abs(got[0] - full_model([1, 2, 3, 4], config, weights)[3])) < 1e-12
+    assert np.max(np.abs(got[1:] - full_model([9, 8], config, weights))) < 1e-12
+    adapter.seq_copy(context, 1, 2, -1, -1)  # reorder_cache([0, 1, 1])
     again = adapter.decode_batch(context, ModelBatch.of_sequence(2, [7], 2))
     assert np.max(np.abs(again - full_model([9, 8, 7], config, weights)[2:])) < 1e-12
