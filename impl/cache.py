@@ -447,6 +447,17 @@ class RaggedKvCache:
     def select(self, indices: object) -> None:
         self._gather(_selection_indices(indices, self.batch_size))
 
+    def reorder(self, indices: object) -> None:
+        """Batch row ``b`` becomes the old row ``indices[b]`` with its own tokens (§13.3: repeats and drops
+        allowed, the batch size unchanged)."""
+        self._gather(_batch_indices(indices, self.batch_size))
+
+    def fork(self) -> RaggedKvCache:
+        """An independent copy: the same binding, copies of every row."""
+        twin = copy.copy(self)
+        twin._set(self._keys.copy(), self._values.copy(), self.lengths.copy())
+        return twin
+
     def repeat_interleave(self, repeats: object) -> None:
         if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, (bool, np.bool_)) or repeats < 1:
             raise InvalidIndices(f"repeats {repeats!r} is not an int >= 1")

@@ -890,7 +890,15 @@ class PerRowCaches:
         return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding)
 
     def merge(self, other: PerRowCaches) -> None:
+        self.binding.check_binding_of(other.binding)
         self.rows = [*self.rows, *(row.fork() for row in other.rows)]
+
+    def reorder(self, indices: Any) -> None:
+        _probe(self.layer, max(1, self.batch_size), self.batch_size).reorder(indices)
+        self._picked(np.asarray(indices, dtype=np.int64).reshape(-1))
+
+    def fork(self) -> PerRowCaches:
+        return PerRowCaches(self.layer, 0, self.capacity, [row.fork() for row in self.rows], self.binding)
 
 
 def _probe(layer: Any, batch_size: int = 1, rows: int | None = None, capacity: int = 1) -> RaggedKvCache:
@@ -942,18 +950,108 @@ class FilterRefusesNoneAdapter(ReferenceAdapter):
         return FilterRefusesNone(layer, batch_size, capacity)
 
 
+class RaggedRowsGrow(ReferenceAdapter):
+    """Ragged rows that grow past the capacity asked for (a cache that reallocates): honest without
+    fixed_capacity, an append past a row's room accepted (docs/spec.md §13.8)."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        cache = RaggedKvCache(layer, batch_size, capacity)
+        cache.capacity = 1 << 40
+        return cache
+
+
+class MergeUnchecked(RaggedKvCache):
+    """A ragged cache whose merge takes a batch bound to any layer of the same geometry."""
+
+    def merge(self, other: RaggedKvCache) -> None:
+        other._binding = self._binding
+        super().merge(other)
+
+
+class MergeUncheckedAdapter(ReferenceAdapter):
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        return MergeUnchecked(layer, batch_size, capacity)
+
+
+class RaggedForkShared(ReferenceAdapter):
+    """Layer caches fork, but a ragged batch's fork is the batch itself: honest without fork (it is drawn on both
+    kinds of cache where declared)."""
+
+    def fork(self, cache: Any) -> Any:
+        return cache if isinstance(cache, RaggedKvCache) else super().fork(cache)
+
+
+class ReorderKeepsLengths(RaggedKvCache):
+    """A ragged cache whose reorder moves the rows' slots but keeps each place's old length."""
+
+    def reorder(self, indices: object) -> None:
+        RaggedKvCache.reorder(self.fork(), indices)  # the reference's checks, on a copy
+        rows, real = np.asarray(indices, dtype=np.int64).reshape(-1), self._real()
+        self._relayout(self._keys[rows], self._values[rows], real)
+
+
+class RaggedReorderKeepsLengths(ReferenceAdapter):
+    """Layer caches reorder, but a ragged batch's reorder keeps each place's length: honest without
+    batch_reorder."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        return ReorderKeepsLengths(layer, batch_size, capacity)
+
+
+class CreationUnchecked(RaggedKvCache):
+    """A ragged cache whose creation checks nothing of its own: a bad size fails as numpy makes it fail (a raw
+    error), or is taken (a bool, zero rows, any capacity)."""
+
+    def __init__(self, layer: Any, batch_size: Any, capacity: Any) -> None:
+        super().__init__(layer, 1, 1)
+        empty = np.zeros((batch_size, self.kv_heads, 0, self.head_width))
+        self._set(empty, empty.copy(), np.zeros(batch_size, dtype=np.int64))
+        self.capacity = capacity
+
+
+class RaggedCreationUnchecked(ReferenceAdapter):
+    """Honest without creation_errors."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: Any, capacity: Any) -> Any:
+        return CreationUnchecked(layer, batch_size, capacity)
+
+
 VARIANTS.update({
     # one cache per row, each at its own offsets: another layout of the same rows (nothing to declare)
     "ragged-per-row-caches": lambda: Declared("ragged-per-row-caches", REFERENCE, PerRowRaggedAdapter()),
     # a filter that cannot leave no rows: honest without batch_filter (merge and extract still judged)
     "ragged-filter-refuses-none": lambda: Declared("ragged-filter-refuses-none", REFERENCE - {"batch_filter"},
                                                    FilterRefusesNoneAdapter()),
+    # rows that grow past their room, a merge that checks no binding, a fork that is the batch itself, a reorder
+    # that keeps each place's length, a creation that checks nothing: each honest without what it does not do
+    "ragged-rows-grow": lambda: Declared("ragged-rows-grow", REFERENCE - {"fixed_capacity"}, RaggedRowsGrow()),
+    "ragged-merge-unchecked": lambda: Declared("ragged-merge-unchecked", REFERENCE - {"binding_checks"},
+                                               MergeUncheckedAdapter()),
+    "ragged-fork-shared": lambda: Declared("ragged-fork-shared", REFERENCE - {"fork"}, RaggedForkShared()),
+    "ragged-reorder-keeps-lengths": lambda: Declared("ragged-reorder-keeps-lengths", REFERENCE - {"batch_reorder"},
+                                                     RaggedReorderKeepsLengths()),
+    "ragged-creation-unchecked": lambda: Declared("ragged-creation-unchecked", REFERENCE - {"creation_errors"},
+                                                  RaggedCreationUnchecked()),
 })
 TWINS.update({
     # the same cache declaring batch_filter: a filter to no rows must succeed (docs/spec.md §13.8)
     "ragged-filter-refuses-none-claims-batch-filter": (
         lambda: Declared("twin-filter-refuses-none", REFERENCE, FilterRefusesNoneAdapter()), "batches", {},
         "expected success"),
+    "ragged-rows-grow-claims-fixed-capacity": (
+        lambda: Declared("twin-ragged-rows-grow", REFERENCE, RaggedRowsGrow()), "batches", {}, "expected full"),
+    "ragged-merge-unchecked-claims-binding-checks": (
+        lambda: Declared("twin-ragged-merge-unchecked", REFERENCE, MergeUncheckedAdapter()), "batches", {},
+        "expected "),  # expected layer_mismatch, revision_mismatch or rope_mismatch, got success
+    "ragged-fork-shared-claims-fork": (
+        lambda: Declared("twin-ragged-fork-shared", REFERENCE, RaggedForkShared()), "batches", {},
+        "fork not independent"),
+    "ragged-reorder-keeps-lengths-claims-batch-reorder": (
+        lambda: Declared("twin-ragged-reorder-keeps-lengths", REFERENCE, RaggedReorderKeepsLengths()), "batches",
+        {}, "wrong row length"),
+    "ragged-creation-unchecked-claims-creation-errors": (
+        lambda: Declared("twin-ragged-creation-unchecked", REFERENCE, RaggedCreationUnchecked()), "batches", {},
+        ""),  # either face: a raw error (negative, a float, None) or an acceptance (a bool, zero rows)
 })
 VARIANTS.update(MODEL_VARIANTS)
 TWINS.update(MODEL_TWINS)

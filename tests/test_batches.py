@@ -17,34 +17,52 @@ from hypothesis.stateful import run_state_machine_as_test
 from impl.conformance import make_adapter, make_int8_adapter
 from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
-from kvcache_conformance.run import profiles
+from kvcache_conformance.run import exercise, profiles
 from kvcache_conformance.run.runner import without_local_constants
 
 CASES = ("rows at different offsets", "rows at different offsets, grouped-query layer", "a row empty beside a long one",
          "one token per row at different offsets", "merge of a batch holding no token",
          "merge into a batch holding no token", "merge into a batch of no rows", "merge of batches of different sizes",
          "filter to one row", "filter to no rows", "extract of a row shorter or longer than another",
-         "truncation shorter than one row, longer than another")
+         "truncation shorter than one row, longer than another", "a row appended past its room",
+         "a full row appended past its room beside shorter rows", "merge of a batch of another layer: layer_mismatch",
+         "merge of a batch of another layer: rope_mismatch", "merge of a batch of another layer: revision_mismatch",
+         "reorder moving rows of different lengths", "fork of rows at different offsets",
+         "a ragged cache's creation rejected: invalid_argument", "a ragged cache's creation rejected: zero_batch",
+         "a ragged cache's creation rejected: zero_capacity",
+         "a ragged cache's creation rejected: capacity_exceeds_positions")
 
 
 class Counted(BatchesMachine):
     met: ClassVar[Counter[str]] = Counter()
+    by_rule: ClassVar[Counter[tuple[str, str]]] = Counter()
 
     def __init__(self) -> None:
         super().__init__(make_adapter())
 
     def teardown(self) -> None:
         Counted.met.update(case for (_, case), times in self.exercise.items() for _ in range(times))
+        Counted.by_rule.update(self.exercise)
         super().teardown()
 
 
 def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
     Counted.met.clear()
+    Counted.by_rule.clear()
     with without_local_constants():
         run_state_machine_as_test(Counted, settings=profiles.settings_for("dev", database=None, max_examples=100,
                                                                          derandomize=True))
     missed = {case: Counted.met[case] for case in CASES if Counted.met[case] < 3}
+    print(sorted(Counted.met.items()))
     assert not missed, missed
+    # each case is a column of the report's exercise table for the batches machine
+    rules: dict[str, dict[str, int]] = {}
+    for (rule, case), times in Counted.by_rule.items():
+        rules.setdefault(rule, {})[case] = times
+    table = "\n".join(exercise.markdown(exercise.summary(
+        [{"exercise": exercise.merged([{"machine": "batches", "rules": rules, "capabilities": {}}])}], [])))
+    header = next(line for line in table.splitlines() if line.startswith("| rule |"))
+    assert not [case for case in CASES if f"met: {case} |" not in header], header
 
 
 def test_ragged_batches_under_a_declared_storage_are_skipped_with_the_reason() -> None:
