@@ -17,8 +17,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from impl.conformance import make_adapter, make_int8_adapter
 from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
-from kvcache_conformance.run import exercise, profiles
-from kvcache_conformance.run.runner import without_local_constants
+from kvcache_conformance.run import exercise, profiles, selection
+from kvcache_conformance.run.runner import run_machine, without_local_constants
 
 CASES = ("rows at different offsets", "rows at different offsets, grouped-query layer", "a row empty beside a long one",
          "one token per row at different offsets", "merge of a batch holding no token",
@@ -30,7 +30,8 @@ CASES = ("rows at different offsets", "rows at different offsets, grouped-query 
          "reorder moving rows of different lengths", "fork of rows at different offsets",
          "a ragged cache's creation rejected: invalid_argument", "a ragged cache's creation rejected: zero_batch",
          "a ragged cache's creation rejected: zero_capacity",
-         "a ragged cache's creation rejected: capacity_exceeds_positions")
+         "a ragged cache's creation rejected: capacity_exceeds_positions",
+         "filter keeping rows of different lengths out of their order")
 
 
 class Counted(BatchesMachine):
@@ -53,7 +54,6 @@ def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
         run_state_machine_as_test(Counted, settings=profiles.settings_for("dev", database=None, max_examples=100,
                                                                          derandomize=True))
     missed = {case: Counted.met[case] for case in CASES if Counted.met[case] < 3}
-    print(sorted(Counted.met.items()))
     assert not missed, missed
     # each case is a column of the report's exercise table for the batches machine
     rules: dict[str, dict[str, int]] = {}
@@ -159,3 +159,10 @@ def test_a_rejected_ragged_call_changes_nothing(layer: tuple[Any, Any, Attention
         assert adapter.error_kind(raised.value) == kind
         after = adapter.ragged_snapshot(cache)
         assert all(np.array_equal(k, row.keys) and np.array_equal(v, row.values) for (k, v), row in zip(before, after))
+
+
+def test_the_minimal_batched_example_conforms_to_what_it_claims() -> None:
+    adapter = selection.load_adapter("examples.minimal_batched_adapter:make_adapter")
+    result = run_machine("batches", adapter, property_id="batches-example",
+                         settings=profiles.settings_for("ci", database=None, max_examples=30))
+    assert result.failure is None, result.failure

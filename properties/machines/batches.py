@@ -38,11 +38,14 @@ from .layer_steps import layer_needs
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
 MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token",
           "into a batch of no rows")  # the last where batch_filter is declared: a filter to none first
-FILTERS = ("any rows", "one row", "no rows", "invalid rows")
+FILTERS = ("any rows", "one row", "no rows", "invalid rows", "rows out of order")
+FILTERS_DRAWN = (FILTERS[0], FILTERS[4], FILTERS[1], FILTERS[2], FILTERS[3])  # the order drawn (a later one is met
+# less often in a derandomised run)
 EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
 PAST_ROOM = ("any row", "a full row beside shorter ones")  # an append after which some row holds more than C
 OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since")  # a merge of a cache bound elsewhere
 BAD_SIZES = ("negative", "a bool", "a float", "a string", "None", "zero", "above the RoPE positions")
+ZERO_AND_PAST = 3  # how many times more often than each of the other problems a zero and the positions' check
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
 UNSTORED = "ragged batches are judged without a declared storage only (docs/spec.md §13.8)"
 
@@ -274,8 +277,8 @@ class BatchesMachine(ConformanceMachine):
         """A batch size or capacity that is not a count (negative, a bool, a float, a string, None), zero, or a
         capacity above the RoPE positions: §4.2's kind, the running batch untouched."""
         past = self.config.rope is not None and self.limits.max_capacity is None  # (else outside the limits)
-        problem = data.draw(st.sampled_from([*BAD_SIZES[:6], *[BAD_SIZES[6]] * (3 if past else 0)]),
-                            label="problem")  # the positions' check a third of the time where it applies
+        problem = data.draw(st.sampled_from([*BAD_SIZES[:5], *[BAD_SIZES[5]] * ZERO_AND_PAST,
+                                             *[BAD_SIZES[6]] * (ZERO_AND_PAST if past else 0)]), label="problem")
         which = "capacity" if problem == BAD_SIZES[6] else data.draw(st.sampled_from(["batch", "capacity"]),
                                                                      label="which")
         bad: Any = {"negative": -1, "a bool": True, "a float": 2.0, "a string": "2", "None": None, "zero": 0}.get(
@@ -347,8 +350,9 @@ class BatchesMachine(ConformanceMachine):
         self._fresh_if_stale()
         if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
             return
-        cases = [*OTHER_LAYERS, OTHER_LAYERS[1]] if self.config.rope is not None else [OTHER_LAYERS[0],
-                                                                                        OTHER_LAYERS[2]]
+        # a RoPE layer is drawn two times in three: its own case half the time there, to be met as often
+        cases = [*OTHER_LAYERS, OTHER_LAYERS[1]] * 2 + [OTHER_LAYERS[1]] * 2 if self.config.rope is not None \
+            else [OTHER_LAYERS[0], OTHER_LAYERS[2]]
         case = data.draw(st.sampled_from(cases), label="other layer")
         size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
         kind = ErrorKind.LAYER_MISMATCH
@@ -412,7 +416,13 @@ class BatchesMachine(ConformanceMachine):
         which later chunks and merges take. Rows that are not distinct ints in [0, B) (a repeat,
         negative, B or more, floats) are INVALID_INDICES where validates_indices is claimed."""
         size = len(self.rows)
-        case = data.optional(g.on_purpose(*FILTERS), "filters", FILTERS[0])
+        case = data.optional(g.on_purpose(*FILTERS_DRAWN), "filters", FILTERS[0])
+        if case == FILTERS[4]:  # two rows or more holding tokens, kept in another order than theirs
+            if self.largest < 2:
+                case = FILTERS[0]
+            else:
+                self._make_ragged(data)
+                size = len(self.rows)
         if case == FILTERS[3]:
             value: Any = data.draw(st.sampled_from(
                 [[-1], [size], np.zeros(size, dtype=np.float64), [0, 0]]),
@@ -423,6 +433,10 @@ class BatchesMachine(ConformanceMachine):
                 kept: list[int] = []
             elif case == FILTERS[1]:
                 kept = [data.draw(st.integers(0, size - 1), label="kept row")]
+            elif case == FILTERS[4]:
+                kept = data.draw(st.permutations(range(size)), label="order")
+                if kept == sorted(kept):
+                    kept.reverse()
             else:
                 kept = data.draw(st.permutations(range(size)), label="order")[:data.draw(
                     st.integers(0, size), label="kept")]
@@ -437,6 +451,8 @@ class BatchesMachine(ConformanceMachine):
             self.rows = [self.rows[b] for b in kept]
             self.exercised("filter to no rows" if not kept else "filter to one row" if len(kept) == 1
                            else "filter to rows")
+            if kept != sorted(kept) and len({len(self.rows[j].rows) for j in range(len(kept))}) > 1:
+                self.exercised("filter keeping rows of different lengths out of their order")
 
     # -- the batch operations of §13 on ragged rows ----------------------------------------------------
 
@@ -515,8 +531,14 @@ class BatchesMachine(ConformanceMachine):
     def truncate(self, data: Draws) -> None:
         """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; an invalid n is
         INVALID_LENGTH where validates_length is claimed."""
-        longest = max([len(row.rows) for row in self.rows], default=0)
-        n = data.draw(g.truncation_lengths(longest), label="n")
+        between = data.optional(g.on_purpose("any n", "between two rows' lengths"), "cuts", "any n") != "any n"
+        if between and self.largest >= 2:
+            self._make_ragged(data)
+        held = sorted(len(row.rows) for row in self.rows)
+        longest = max(held, default=0)
+        gaps = [n for n in range(1, longest) if held[0] < n < longest]
+        n = (data.draw(st.sampled_from(gaps).map(lambda v: g.Argument(v, None, f"n = {v}")), label="n between")
+             if between and gaps else data.draw(g.truncation_lengths(longest), label="n"))
         what = f"truncate ragged rows of {[len(r.rows) for r in self.rows]} tokens to {n.value!r}"
         judged = self.call(what, lambda: self.adapter.truncate(self.cache, n.value),
                            due=Due.check(g.length_problem(n.value, longest)),
