@@ -227,12 +227,14 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     """The reference with K/V rows stored rounded (docs/spec.md §13.6): computation in float64, storage
     declared, so the suite judges it by the storage rule."""
 
-    # its rows are not judged at 1e-12; ragged batches under a declared storage are not judged yet (spec §13.8)
-    capabilities = ReferenceAdapter.capabilities - {"float64", *RAGGED_BATCHES}
+    # its rows are not judged at 1e-12; ragged batches only where each token has its own scale (spec §13.8)
+    capabilities = ReferenceAdapter.capabilities - {"float64"}
 
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule
         self.storage = rule.declared()
+        if rule.scale not in ("none", "per_group"):  # a scale over the batch: no ragged batches
+            self.capabilities = self.capabilities - RAGGED_BATCHES
         self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}"
                      f"{_ZERO_POINT_NAMES[rule.zero_point]}]" if rule.scale == "per_group"
                      else f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]")
@@ -240,6 +242,9 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
                      window: int | None = None, sinks: int = 0) -> LayerKvCache:
         return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule, sinks=sinks)
+
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, storage=self.rule)
 
 
 class WindowUntilFullAdapter(ReferenceAdapter):

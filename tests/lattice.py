@@ -950,6 +950,26 @@ class FilterRefusesNoneAdapter(ReferenceAdapter):
         return FilterRefusesNone(layer, batch_size, capacity)
 
 
+class ScaledOverTheBatch(RaggedKvCache):
+    """A ragged cache storing each chunk at one int4 scale over the whole batch (padding included): what a row
+    stores depends on the other rows."""
+
+    def commit(self, keys: Any, values: Any, counts: Any) -> None:
+        rule = StorageRule("int4", "per_tensor")
+        super().commit(rule.round(keys, rule.scale_for(keys)), rule.round(values, rule.scale_for(values)), counts)
+
+
+class RaggedScaledOverTheBatch(QuantizedReferenceAdapter):
+    """Layer caches in affine uint4 groups of 4, as declared; ragged batches at a scale over the batch. Honest
+    without the ragged capabilities (docs/spec.md §13.8: such a scale is not a row's)."""
+
+    def __init__(self) -> None:
+        super().__init__(StorageRule("uint4", "per_group", group=4))
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
+        return ScaledOverTheBatch(layer, batch_size, capacity)
+
+
 class RaggedRowsGrow(ReferenceAdapter):
     """Ragged rows that grow past the capacity asked for (a cache that reallocates): honest without
     fixed_capacity, an append past a row's room accepted (docs/spec.md §13.8)."""
@@ -1032,6 +1052,10 @@ VARIANTS.update({
                                                      RaggedReorderKeepsLengths()),
     "ragged-creation-unchecked": lambda: Declared("ragged-creation-unchecked", REFERENCE - {"creation_errors"},
                                                   RaggedCreationUnchecked()),
+    # ragged batches stored at a scale over the batch, beside uint4 groups as declared: honest without ragged rows
+    "storage-ragged-scaled-over-the-batch": lambda: Declared(
+        "storage-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities - BATCHES_CAPABILITIES,
+        RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage),
 })
 TWINS.update({
     # the same cache declaring batch_filter: a filter to no rows must succeed (docs/spec.md §13.8)
@@ -1049,6 +1073,11 @@ TWINS.update({
     "ragged-reorder-keeps-lengths-claims-batch-reorder": (
         lambda: Declared("twin-ragged-reorder-keeps-lengths", REFERENCE, RaggedReorderKeepsLengths()), "batches",
         {}, "wrong row length"),
+    # the same declaring ragged rows: its uint4 groups are judged on each row's own tokens, and int4 over the batch
+    # is coarser than them
+    "storage-ragged-scaled-over-the-batch-claims-ragged-rows": (
+        lambda: Declared("twin-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities,
+                         RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage), "batches", {}, ""),
     "ragged-creation-unchecked-claims-creation-errors": (
         lambda: Declared("twin-ragged-creation-unchecked", REFERENCE, RaggedCreationUnchecked()), "batches", {},
         ""),  # either face: a raw error (negative, a float, None) or an acceptance (a bool, zero rows)

@@ -777,6 +777,24 @@ BATCH_MUTANTS += (
              "        twin._set(self._keys.copy(), self._values.copy(), np.full_like(self.lengths, self.width))"),),
            "a fork of a ragged batch holds every row at the longest row's length: padding read as tokens", "batches"),
 )
+# Quantized storage on ragged rows (docs/spec.md §13.8): each token's own groups, behind the uint4 reference.
+_ROUNDED = ("            keys, values = (self.storage.round(rows, self.storage.scale_for(rows)) "
+            "for rows in (keys, values))\n")
+BATCH_MUTANTS += (
+    Mutant("ragged_storage_scaled_over_the_batch", "cache.py",
+           ((_ROUNDED, "            from .storage import StorageRule\n"
+                       "            batch = StorageRule(\"int4\", \"per_tensor\")\n"
+                       "            keys, values = (batch.round(rows, batch.scale_for(rows)) "
+                       "for rows in (keys, values))\n"),),
+           "a ragged chunk is stored at one scale over the whole batch, padding included, not in each token's own "
+           "groups", "batches", factory="make_uint4_group_adapter"),
+    Mutant("ragged_storage_in_a_coarser_format", "cache.py",
+           ((_ROUNDED, "            coarse = type(self.storage)(\"uint2\", \"per_group\", group=self.storage.group)\n"
+                       "            keys, values = (coarse.round(rows, coarse.scale_for(rows)) "
+                       "for rows in (keys, values))\n"),),
+           "ragged rows are stored in 2 bits a group where 4 are declared", "batches",
+           factory="make_uint4_group_adapter"),
+)
 MUTANTS = MUTANTS + BATCH_MUTANTS
 
 

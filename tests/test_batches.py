@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from impl.conformance import make_adapter, make_int8_adapter
+from impl.conformance import (
+    make_adapter,
+    make_float16_adapter,
+    make_fp8_adapter,
+    make_int8_adapter,
+    make_uint4_extreme_adapter,
+    make_uint4_group_adapter,
+)
 from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
 from kvcache_conformance.run import exercise, profiles, selection
@@ -65,10 +72,24 @@ def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
     assert not [case for case in CASES if f"met: {case} |" not in header], header
 
 
-def test_ragged_batches_under_a_declared_storage_are_skipped_with_the_reason() -> None:
+def test_ragged_batches_under_a_scale_over_the_batch_are_skipped_with_the_reason() -> None:
     assert BatchesMachine.needs().problem(make_adapter()) is None
-    assert "ragged_rows" in str(BatchesMachine.needs().problem(make_int8_adapter()))  # (the quantized reference's)
-    assert UNSTORED in str(BatchesMachine.needs().problem(_Declaring(make_int8_adapter())))
+    # the quantized references at a scale over the batch (per channel, per tensor) declare no ragged rows
+    assert "ragged_rows" in str(BatchesMachine.needs().problem(make_int8_adapter()))
+    for declaring in (_Declaring(make_int8_adapter()), _Declaring(make_fp8_adapter())):
+        assert UNSTORED in str(BatchesMachine.needs().problem(declaring))
+    for own_scales in (make_uint4_group_adapter(), make_float16_adapter()):  # each token's groups; no scale at all
+        assert BatchesMachine.needs().problem(own_scales) is None
+
+
+@pytest.mark.parametrize("factory", [make_uint4_group_adapter, make_float16_adapter, make_uint4_extreme_adapter])
+def test_ragged_rows_under_a_storage_of_their_own_scales_are_judged_and_conform(factory: Any) -> None:
+    result = run_machine("batches", factory(), property_id="batches-stored",
+                         settings=profiles.settings_for("ci", database=None, max_examples=40))
+    assert result.failure is None, result.failure
+    met = {case for (_, case) in result.exercise.counts}
+    assert {"rows at different offsets", "rows at different offsets, grouped-query layer"} <= met, met
+    assert 0 < result.worst[0] < result.worst[1]  # judged by the storage rule, within it
 
 
 class _Declaring:

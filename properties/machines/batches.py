@@ -47,7 +47,8 @@ OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since")  #
 BAD_SIZES = ("negative", "a bool", "a float", "a string", "None", "zero", "above the RoPE positions")
 ZERO_AND_PAST = 3  # how many times more often than each of the other problems a zero and the positions' check
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
-UNSTORED = "ragged batches are judged without a declared storage only (docs/spec.md §13.8)"
+UNSTORED = ("a ragged batch is judged under a storage whose scales are each row's own (scale none or per_group, "
+            "docs/spec.md §13.8): a scale over the whole batch (per_tensor, per_channel) is not a scale of one row")
 
 
 class BatchesMachine(ConformanceMachine):
@@ -613,6 +614,7 @@ class BatchesMachine(ConformanceMachine):
         for b, ((keys, values), row) in enumerate(zip(shown, rows)):
             held, held_keys = self.oracle.held(row), self.oracle.held_keys(row)
             for name, actual, reference in (("keys", keys, held_keys), ("values", values, held)):
+                rope = self.oracle.unrotated if name == "keys" and reference is not held else None
                 shape = (kv, len(row.rows), dh)
                 if actual.shape != shape:
                     raise NonConformance(f"{what}: row {b} shows {name} of shape {actual.shape}, but it holds "
@@ -620,7 +622,9 @@ class BatchesMachine(ConformanceMachine):
                                          check=f"cached {name}")
                 if reference is None:
                     continue
-                expected, tolerance = self.judge.bound(reference, lambda t: getattr(t, name)[0])
+                steps = self.oracle.steps(row, reference, name, rope)  # a declared storage's step per element
+                expected, tolerance = self.judge.rows_bound(reference, lambda t: getattr(t, name)[0],
+                                                            None if steps is None else steps[0])
                 self.judge.close(actual, expected, tolerance, what=f"{what}: row {b}'s cached {name}",
                                  check=f"cached {name}", axes=("head", "position", "feature"))
 
