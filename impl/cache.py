@@ -363,10 +363,12 @@ class RaggedKvCache:
     """
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                 storage: StorageRule | None = None) -> None:
+                 storage: StorageRule | None = None, window: int | None = None) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise InvalidCacheArgument("window", window)
         if batch_size == 0:
             raise ZeroBatchSize()
         if capacity == 0:
@@ -378,6 +380,7 @@ class RaggedKvCache:
             raise ValueError(f"a ragged batch stores each row's own tokens: a {storage.scale} scale is the batch's")
         self.capacity, self.kv_heads, self.head_width = capacity, layer.kv_heads, layer.head_width
         self.storage = storage
+        self.window = window  # each row's query sees its own last ``window`` positions; every token is kept (a mask)
         self._set(np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)),
                   np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)), np.zeros(batch_size, dtype=np.int64))
 

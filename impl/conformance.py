@@ -74,6 +74,7 @@ class RowState:
 
     keys: np.ndarray
     values: np.ndarray
+    positions: np.ndarray | None = None  # None: every token, at 0 .. n - 1 (the reference keeps them all)
 
 
 class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
@@ -134,8 +135,9 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
 
     # -- ragged batches, merged and split (spec §13.8) ----------------------------------------------------
 
-    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> RaggedKvCache:
-        return RaggedKvCache(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                            window: int | None = None) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, window=window)
 
     def append_ragged(self, layer: AttentionLayer, cache: RaggedKvCache, x: np.ndarray, lengths: Any) -> np.ndarray:
         return layer.forward_ragged(x, lengths, cache)
@@ -243,8 +245,9 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
                      window: int | None = None, sinks: int = 0) -> LayerKvCache:
         return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule, sinks=sinks)
 
-    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> RaggedKvCache:
-        return RaggedKvCache(layer, batch_size, capacity, storage=self.rule)
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                            window: int | None = None) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, storage=self.rule, window=window)
 
 
 class WindowUntilFullAdapter(ReferenceAdapter):

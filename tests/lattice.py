@@ -845,9 +845,11 @@ class PerRowCaches:
     typing; only the append is the adapter's own."""
 
     def __init__(self, layer: Any, batch_size: int, capacity: int, rows: list[LayerKvCache] | None = None,
-                 binding: LayerKvCache | None = None) -> None:
-        self.layer, self.capacity = layer, capacity
-        self.rows = rows if rows is not None else [LayerKvCache(layer, 1, capacity) for _ in range(batch_size)]
+                 binding: LayerKvCache | None = None, window: int | None = None) -> None:
+        self.layer, self.capacity, self.window = layer, capacity, window
+        # under a window, each row a ring of min(C, W) slots that lets its oldest tokens go
+        self.rows = rows if rows is not None else [LayerKvCache(layer, 1, capacity, window)
+                                                   for _ in range(batch_size)]
         # the batch's own binding: a batch of no rows is still bound (a stale one stays stale, docs/spec.md §13.8)
         self.binding = binding if binding is not None else LayerKvCache(layer, 1, 1)
 
@@ -855,8 +857,9 @@ class PerRowCaches:
     def batch_size(self) -> int:
         return len(self.rows)
 
-    def row(self, index: int) -> tuple[Any, Any]:
-        return self.rows[index].keys()[0], self.rows[index].values()[0]
+    def row(self, index: int) -> tuple[Any, ...]:
+        row = self.rows[index]
+        return (row.keys()[0], row.values()[0]) + ((row.positions(),) if self.window is not None else ())
 
     def reset(self) -> None:
         for row in self.rows:
@@ -887,7 +890,7 @@ class PerRowCaches:
 
     def extract(self, row: Any) -> PerRowCaches:
         _probe(self.layer, max(1, self.batch_size), self.batch_size).extract(row)
-        return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding)
+        return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding, self.window)
 
     def merge(self, other: PerRowCaches) -> None:
         self.binding.check_binding_of(other.binding)
@@ -898,7 +901,8 @@ class PerRowCaches:
         self._picked(np.asarray(indices, dtype=np.int64).reshape(-1))
 
     def fork(self) -> PerRowCaches:
-        return PerRowCaches(self.layer, 0, self.capacity, [row.fork() for row in self.rows], self.binding)
+        return PerRowCaches(self.layer, 0, self.capacity, [row.fork() for row in self.rows], self.binding,
+                            self.window)
 
 
 def _probe(layer: Any, batch_size: int = 1, rows: int | None = None, capacity: int = 1) -> RaggedKvCache:
@@ -914,9 +918,9 @@ class PerRowRaggedAdapter(ReferenceAdapter):
     call's own checks are the reference's, on a probe of the batch's size holding nothing; then every row's binding
     and room, every row computed before any is written."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        RaggedKvCache(layer, batch_size, capacity)  # the creation checks
-        return PerRowCaches(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        RaggedKvCache(layer, batch_size, capacity, window=window)  # the creation checks
+        return PerRowCaches(layer, batch_size, capacity, window=window)
 
     def append_ragged(self, layer: Any, cache: Any, x: Any, lengths: Any) -> Any:
         probe = _probe(layer, max(1, cache.batch_size), cache.batch_size, capacity=layer.rope.max_positions)
@@ -946,8 +950,8 @@ class FilterRefusesNone(RaggedKvCache):
 
 
 class FilterRefusesNoneAdapter(ReferenceAdapter):
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        return FilterRefusesNone(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return FilterRefusesNone(layer, batch_size, capacity, window=window)
 
 
 class ScaledOverTheBatch(RaggedKvCache):
@@ -966,16 +970,24 @@ class RaggedScaledOverTheBatch(QuantizedReferenceAdapter):
     def __init__(self) -> None:
         super().__init__(StorageRule("uint4", "per_group", group=4))
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        return ScaledOverTheBatch(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return ScaledOverTheBatch(layer, batch_size, capacity, window=window)
+
+
+class RaggedWindowIgnored(ReferenceAdapter):
+    """Window layer caches as the reference's, but ragged batches that attend to every token of a row whatever
+    the window asked for: honest without sliding_window_layer (its windows are then never asked for)."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return RaggedKvCache(layer, batch_size, capacity)
 
 
 class RaggedRowsGrow(ReferenceAdapter):
     """Ragged rows that grow past the capacity asked for (a cache that reallocates): honest without
     fixed_capacity, an append past a row's room accepted (docs/spec.md §13.8)."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        cache = RaggedKvCache(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        cache = RaggedKvCache(layer, batch_size, capacity, window=window)
         cache.capacity = 1 << 40
         return cache
 
@@ -989,8 +1001,8 @@ class MergeUnchecked(RaggedKvCache):
 
 
 class MergeUncheckedAdapter(ReferenceAdapter):
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        return MergeUnchecked(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return MergeUnchecked(layer, batch_size, capacity, window=window)
 
 
 class RaggedForkShared(ReferenceAdapter):
@@ -1014,16 +1026,16 @@ class RaggedReorderKeepsLengths(ReferenceAdapter):
     """Layer caches reorder, but a ragged batch's reorder keeps each place's length: honest without
     batch_reorder."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        return ReorderKeepsLengths(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return ReorderKeepsLengths(layer, batch_size, capacity, window=window)
 
 
 class CreationUnchecked(RaggedKvCache):
     """A ragged cache whose creation checks nothing of its own: a bad size fails as numpy makes it fail (a raw
     error), or is taken (a bool, zero rows, any capacity)."""
 
-    def __init__(self, layer: Any, batch_size: Any, capacity: Any) -> None:
-        super().__init__(layer, 1, 1)
+    def __init__(self, layer: Any, batch_size: Any, capacity: Any, window: Any = None) -> None:
+        super().__init__(layer, 1, 1, window=window)
         empty = np.zeros((batch_size, self.kv_heads, 0, self.head_width))
         self._set(empty, empty.copy(), np.zeros(batch_size, dtype=np.int64))
         self.capacity = capacity
@@ -1032,8 +1044,8 @@ class CreationUnchecked(RaggedKvCache):
 class RaggedCreationUnchecked(ReferenceAdapter):
     """Honest without creation_errors."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: Any, capacity: Any) -> Any:
-        return CreationUnchecked(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: Any, capacity: Any, window: Any = None) -> Any:
+        return CreationUnchecked(layer, batch_size, capacity, window)
 
 
 VARIANTS.update({
@@ -1052,6 +1064,9 @@ VARIANTS.update({
                                                      RaggedReorderKeepsLengths()),
     "ragged-creation-unchecked": lambda: Declared("ragged-creation-unchecked", REFERENCE - {"creation_errors"},
                                                   RaggedCreationUnchecked()),
+    # ragged batches that ignore the window: honest without sliding_window_layer (and what needs it)
+    "ragged-window-ignored": lambda: Declared("ragged-window-ignored", REFERENCE - {"sliding_window_layer"} - DEPENDS[
+        "sliding_window_layer"], RaggedWindowIgnored()),
     # ragged batches stored at a scale over the batch, beside uint4 groups as declared: honest without ragged rows
     "storage-ragged-scaled-over-the-batch": lambda: Declared(
         "storage-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities - BATCHES_CAPABILITIES,
@@ -1078,6 +1093,8 @@ TWINS.update({
     "storage-ragged-scaled-over-the-batch-claims-ragged-rows": (
         lambda: Declared("twin-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities,
                          RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage), "batches", {}, ""),
+    "ragged-window-ignored-claims-sliding-window-layer": (
+        lambda: Declared("twin-ragged-window-ignored", REFERENCE, RaggedWindowIgnored()), "batches", {}, ""),
     "ragged-creation-unchecked-claims-creation-errors": (
         lambda: Declared("twin-ragged-creation-unchecked", REFERENCE, RaggedCreationUnchecked()), "batches", {},
         ""),  # either face: a raw error (negative, a float, None) or an acceptance (a bool, zero rows)

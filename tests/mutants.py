@@ -745,8 +745,8 @@ BATCH_MUTANTS += (
            "creating a ragged cache of no rows succeeds (§4.2: zero_batch)", "batches"),
     Mutant("ragged_creation_past_the_positions", "cache.py",
            (("        if capacity > layer.rope.max_positions:\n            raise CapacityExceedsPositions(capacity, "
-             "layer.rope.max_positions)\n        self.capacity, self.kv_heads",
-             "        self.capacity, self.kv_heads"),),
+             "layer.rope.max_positions)\n        if storage is not None",
+             "        if storage is not None"),),
            "a ragged cache takes a capacity above the RoPE positions", "batches"),
     Mutant("merge_skips_the_binding_check", "cache.py",
            (("        self._binding.check_binding_of(other._binding)\n", ""),),
@@ -794,6 +794,20 @@ BATCH_MUTANTS += (
                        "for rows in (keys, values))\n"),),
            "ragged rows are stored in 2 bits a group where 4 are declared", "batches",
            factory="make_uint4_group_adapter"),
+)
+# Ragged rows under a sliding window (docs/spec.md §13.8): each row's window in its own positions.
+_WINDOW = ("            if cache.window is not None:  # and within the row's own window, counted in its own positions\n"
+           "                visible &= key_positions[:, None, :] > positions[:, :, None] - cache.window\n")
+BATCH_MUTANTS += (
+    Mutant("ragged_window_ignored", "attention.py", ((_WINDOW, ""),),
+           "a ragged batch's rows attend to every token they hold, whatever the window", "batches"),
+    Mutant("ragged_window_counted_in_padded_columns", "attention.py",
+           ((_WINDOW, "            if cache.window is not None:\n"
+                      "                columns = np.arange(key_positions.shape[1])\n"
+                      "                visible &= columns[None, None, :] > (width + np.arange(tokens))[None, :, None]"
+                      " - cache.window\n"),),
+           "a ragged row's window is counted in the padded layout's columns, not in its own positions: a row "
+           "padded in a chunk sees fewer of its tokens", "batches"),
 )
 MUTANTS = MUTANTS + BATCH_MUTANTS
 

@@ -38,7 +38,8 @@ CASES = ("rows at different offsets", "rows at different offsets, grouped-query 
          "a ragged cache's creation rejected: invalid_argument", "a ragged cache's creation rejected: zero_batch",
          "a ragged cache's creation rejected: zero_capacity",
          "a ragged cache's creation rejected: capacity_exceeds_positions",
-         "filter keeping rows of different lengths out of their order")
+         "filter keeping rows of different lengths out of their order", "rows at different offsets past a window",
+         "rows at, past and before the window's edge")
 
 
 class Counted(BatchesMachine):

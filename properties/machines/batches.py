@@ -36,6 +36,7 @@ from .layer_steps import layer_needs
 
 # The batch a ragged chunk is drawn to meet: the plain case first (where shrinking goes), then the hard ones.
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
+WINDOW_EDGE = "rows at, past and before the window's edge"  # a windowed batch's hard case: n = W, W + 1, 0
 MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token",
           "into a batch of no rows")  # the last where batch_filter is declared: a filter to none first
 FILTERS = ("any rows", "one row", "no rows", "invalid rows", "rows out of order")
@@ -72,7 +73,10 @@ class BatchesMachine(ConformanceMachine):
         """A layer of a family the adapter can build (GQA included), and a ragged batch of empty rows for it."""
         self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
                                                 min_capacity=4), label="config")
-        self.oracle = LayerOracle(self.config, None, self.judge, self.has(Capability.KEYS_UNROTATED))
+        least = self.limits.min_window or 1
+        self.window = data.optional(st.sampled_from([None, *range(least, max(least, 3) + 1)]), "window",
+                                                None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
+        self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
         self.weights = self.config.weights
         handed = Inputs()
         given = handed("weights", self.weights)
@@ -81,9 +85,14 @@ class BatchesMachine(ConformanceMachine):
         self.stale = False
 
     def _new_batch(self, batch_size: int, what: str = "create a ragged cache") -> tuple[Any, list[CacheModel]]:
-        cache = self.must(what, lambda: self.adapter.create_ragged_cache(self.layer, batch_size,
-                                                                         self.config.capacity))
+        cache = self.must(what, lambda: self._create(self.layer, batch_size))
         return cache, [CacheModel(self.weights, 1) for _ in range(batch_size)]
+
+    def _create(self, layer: Any, batch_size: int) -> Any:
+        """A ragged cache of the layer, of the batch's window if it has one (handed only then)."""
+        if self.window is None:
+            return self.adapter.create_ragged_cache(layer, batch_size, self.config.capacity)
+        return self.adapter.create_ragged_cache(layer, batch_size, self.config.capacity, window=self.window)
 
     @property
     def grouped(self) -> bool:
@@ -104,10 +113,26 @@ class BatchesMachine(ConformanceMachine):
         """A chunk of its own number of tokens for every row (0 included), left-padded: each row attends to its
         own tokens only, at its own positions; or REVISION_MISMATCH if stale. On purpose (``RAGGED``) one row left
         empty beside one filled as far as its room allows, or one token per row (a decode step)."""
-        case = data.optional(g.on_purpose(*RAGGED), "ragged", RAGGED[0])
-        if case == RAGGED[2] and self.largest >= 2:
+        case = data.optional(g.on_purpose(*RAGGED, *([WINDOW_EDGE] if self.window else [])), "ragged", RAGGED[0])
+        if case == WINDOW_EDGE:
+            case = RAGGED[2]  # then one token per row
+            if self.largest >= 2:
+                self._around_the_window_edge(data)
+        elif case == RAGGED[2] and self.largest >= 2:
             self._offsets_with_room(data)
+        held = {len(row.rows) for row in self.rows}
+        if self.window and 0 in held and self.window in held and any(n > self.window for n in held):
+            self.exercised(WINDOW_EDGE)
         self._append(data, self.cache, self.rows, case)
+
+    def _around_the_window_edge(self, data: Draws) -> None:
+        """A fresh batch of up to three rows: one holding W tokens (at the window's edge), one more than W (past
+        it), one none (before it)."""
+        assert self.window is not None
+        self.cache, self.rows = self._new_batch(min(self.largest, 3))
+        self.stale = False
+        self._fill(data, [self.window, min(self.config.capacity, self.window + data.draw(
+            st.integers(1, 2), label="past the edge by")), 0][:len(self.rows)])
 
     def _offsets_with_room(self, data: Draws) -> None:
         """Rows at different offsets, each with room for one more token, for certain: unless the batch has them, a
@@ -182,6 +207,8 @@ class BatchesMachine(ConformanceMachine):
         held = [len(row.rows) for row in rows]
         if len(set(held)) > 1:
             self.exercised("rows at different offsets")
+            if self.window is not None and max(held) > self.window:
+                self.exercised("rows at different offsets past a window")
             if self.grouped:
                 self.exercised("rows at different offsets, grouped-query layer")
         if 0 in held and max(held, default=0) >= 3:
@@ -369,8 +396,7 @@ class BatchesMachine(ConformanceMachine):
         else:
             self._update_weights(data)  # the running batch is stale; the batch to merge is not
             layer, kind = self.layer, ErrorKind.REVISION_MISMATCH
-        other = self.must("create the ragged cache of the other layer",
-                          lambda: self.adapter.create_ragged_cache(layer, size, self.config.capacity))
+        other = self.must("create the ragged cache of the other layer", lambda: self._create(layer, size))
         if case == OTHER_LAYERS[0] and data.draw(st.booleans(), label="tokens in the other"):
             self._append(data, other, [CacheModel(self.weights, 1) for _ in range(size)], RAGGED[0],
                          "append a ragged chunk to the batch of a recreated layer", layer=layer)
@@ -509,6 +535,7 @@ class BatchesMachine(ConformanceMachine):
             self.exercised("fork of rows at different offsets")
 
     aside: tuple[Any, Observed] | None = None  # the batch a fork set aside, and what it showed then
+    window: int | None = None  # each row's window (drawn at set-up where sliding_window_layer is declared)
 
     @invariant()
     def the_batch_set_aside_is_unchanged(self) -> None:
@@ -528,7 +555,7 @@ class BatchesMachine(ConformanceMachine):
         if judged.to_judge and problem is None:
             self.rows = [self.rows[b].copy() for b in picked()]
 
-    @rule(data=st.data(), requires=[Capability.TRUNCATE])
+    @rule(data=st.data(), requires=[Capability.TRUNCATE], when=lambda self: self.window is None)
     def truncate(self, data: Draws) -> None:
         """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; an invalid n is
         INVALID_LENGTH where validates_length is claimed."""
@@ -592,7 +619,8 @@ class BatchesMachine(ConformanceMachine):
         rows = expect_success(raw_call(self.adapter, f"{what}: ragged snapshot",
                                        lambda: self.adapter.ragged_snapshot(cache)), f"{what}: ragged snapshot")
         try:
-            return [(np.array(row.keys), np.array(row.values)) for row in rows]
+            return [(np.array(row.keys), np.array(row.values),
+                     None if getattr(row, "positions", None) is None else np.array(row.positions)) for row in rows]
         except (AttributeError, TypeError) as error:
             raise NonConformance(f"{what}: a ragged snapshot is one object with keys and values per row: {error}",
                                  kind="malformed snapshot") from error
@@ -601,8 +629,10 @@ class BatchesMachine(ConformanceMachine):
         seen: dict[str, Any] = {}
         rows = self._snapshot(cache, what)
         seen["rows"] = len(rows)
-        for b, (keys, values) in enumerate(rows):
+        for b, (keys, values, positions) in enumerate(rows):
             seen[f"row {b} keys"], seen[f"row {b} values"] = keys, values
+            if positions is not None:
+                seen[f"row {b} positions"] = positions
         return seen
 
     def _rows_match(self, cache: Any, rows: list[CacheModel], what: str) -> None:
@@ -611,22 +641,40 @@ class BatchesMachine(ConformanceMachine):
             raise NonConformance(f"{what}: {len(shown)} rows shown, but the batch has {len(rows)}",
                                  kind="wrong batch size", check="batch size")
         kv, dh = self.config.weights.kv_heads, self.config.weights.head_width
-        for b, ((keys, values), row) in enumerate(zip(shown, rows)):
+        for b, ((keys, values, positions), row) in enumerate(zip(shown, rows)):
+            at = self._positions_shown(positions, keys, row, f"{what}: row {b}")
             held, held_keys = self.oracle.held(row), self.oracle.held_keys(row)
             for name, actual, reference in (("keys", keys, held_keys), ("values", values, held)):
                 rope = self.oracle.unrotated if name == "keys" and reference is not held else None
-                shape = (kv, len(row.rows), dh)
+                shape = (kv, len(at), dh)
                 if actual.shape != shape:
                     raise NonConformance(f"{what}: row {b} shows {name} of shape {actual.shape}, but it holds "
-                                         f"{len(row.rows)} tokens: {shape}", kind="wrong row length",
-                                         check=f"cached {name}")
+                                         f"{len(row.rows)} tokens, {len(at)} shown: {shape}",
+                                         kind="wrong row length", check=f"cached {name}")
                 if reference is None:
                     continue
                 steps = self.oracle.steps(row, reference, name, rope)  # a declared storage's step per element
-                expected, tolerance = self.judge.rows_bound(reference, lambda t: getattr(t, name)[0],
-                                                            None if steps is None else steps[0])
+                expected, tolerance = self.judge.rows_bound(reference, lambda t: getattr(t, name)[0][:, at],
+                                                            None if steps is None else steps[0][:, at])
                 self.judge.close(actual, expected, tolerance, what=f"{what}: row {b}'s cached {name}",
                                  check=f"cached {name}", axes=("head", "position", "feature"))
+
+    def _positions_shown(self, positions: np.ndarray | None, keys: np.ndarray, row: CacheModel,
+                         what: str) -> np.ndarray:
+        """The positions a row shows: all of its tokens ``0 .. n - 1`` where it gives none; under a window, those
+        it gives, which must be distinct, increasing, below its length, and hold every position its next query
+        sees (docs/spec.md §13.5, §13.8)."""
+        length = len(row.rows)
+        if positions is None:
+            return np.arange(length)
+        visible = range(max(0, length - self.window + 1), length) if self.window else range(length)
+        if positions.ndim != 1 or positions.dtype.kind not in "iu" or positions.size != keys.shape[1] or (
+                positions.size and (np.any(np.diff(positions) <= 0) or positions[0] < 0
+                                    or positions[-1] >= length)) or not set(visible) <= set(positions.tolist()):
+            raise NonConformance(f"{what} shows positions {positions.tolist()!r} of {length} tokens, but must show "
+                                 f"{list(visible)} at least, increasing, below {length}", kind="wrong positions",
+                                 check="positions")
+        return positions.astype(np.int64)
 
     @invariant()
     def rows_match_oracle(self) -> None:
