@@ -305,8 +305,9 @@ class BatchesMachine(ConformanceMachine):
         """A batch size or capacity that is not a count (negative, a bool, a float, a string, None), zero, or a
         capacity above the RoPE positions: §4.2's kind, the running batch untouched."""
         past = self.config.rope is not None and self.limits.max_capacity is None  # (else outside the limits)
-        problem = data.draw(st.sampled_from([*BAD_SIZES[:5], *[BAD_SIZES[5]] * ZERO_AND_PAST,
-                                             *[BAD_SIZES[6]] * (ZERO_AND_PAST if past else 0)]), label="problem")
+        # the rarer checks first: a derandomised run draws a list's first entries more often than its last
+        problem = data.draw(st.sampled_from([*[BAD_SIZES[6]] * (ZERO_AND_PAST if past else 0),
+                                             *[BAD_SIZES[5]] * ZERO_AND_PAST, *BAD_SIZES[:5]]), label="problem")
         which = "capacity" if problem == BAD_SIZES[6] else data.draw(st.sampled_from(["batch", "capacity"]),
                                                                      label="which")
         bad: Any = {"negative": -1, "a bool": True, "a float": 2.0, "a string": "2", "None": None, "zero": 0}.get(
