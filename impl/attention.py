@@ -202,6 +202,8 @@ class AttentionLayer:
             key_real = np.concatenate([stored_real, real], axis=1)
             visible = key_real[:, None, :] & (key_positions[:, None, :] <= positions[:, :, None]) \
                 & real[:, :, None]  # [B, T, P + T]: a row's own tokens, causally
+            if cache.window is not None:  # and within the row's own window, counted in its own positions
+                visible &= key_positions[:, None, :] > positions[:, :, None] - cache.window
             mixed = _attend_masked(query, np.concatenate([stored_keys, key], axis=2),
                                    np.concatenate([stored_values, value], axis=2), visible, self.functions)
             output = np.where(real[..., None], mixed @ self.wo.value, 0.0)  # [B, T, D]

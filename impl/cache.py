@@ -357,13 +357,18 @@ class RaggedKvCache:
     ``[B, KV, P, dh]`` buffers with ``P`` the longest row's length: row ``b``'s ``n_b`` tokens sit in the last
     ``n_b`` slots, token ``i`` at its own position ``i``; the slots before them are padding, zero, and masked.
     Every operation lays the rows out anew (``_relayout``): rows merge, split and shrink as continuous batching
-    makes them. The binding (layer identity, versions, RoPE) is a one-row ``LayerKvCache``'s.
+    makes them. The binding (layer identity, versions, RoPE) is a one-row ``LayerKvCache``'s. With ``storage``
+    (a rule whose scales are each token's own: none or per_group) each token is stored rounded as it is appended:
+    what a row stores is a function of its own tokens, whatever the other rows hold.
     """
 
-    def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int) -> None:
+    def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                 storage: StorageRule | None = None, window: int | None = None) -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise InvalidCacheArgument("window", window)
         if batch_size == 0:
             raise ZeroBatchSize()
         if capacity == 0:
@@ -371,7 +376,11 @@ class RaggedKvCache:
         self._binding = LayerKvCache(layer, 1, 1)  # the binding only: its rows are never used
         if capacity > layer.rope.max_positions:
             raise CapacityExceedsPositions(capacity, layer.rope.max_positions)
+        if storage is not None and storage.scale not in ("none", "per_group"):
+            raise ValueError(f"a ragged batch stores each row's own tokens: a {storage.scale} scale is the batch's")
         self.capacity, self.kv_heads, self.head_width = capacity, layer.kv_heads, layer.head_width
+        self.storage = storage
+        self.window = window  # each row's query sees its own last ``window`` positions; every token is kept (a mask)
         self._set(np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)),
                   np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)), np.zeros(batch_size, dtype=np.int64))
 
@@ -410,6 +419,8 @@ class RaggedKvCache:
         """Append computed rows ``[B, KV, T, dh]``, left-padded: row ``b`` its last ``counts[b]``. The caller has
         checked everything."""
         tokens = keys.shape[2]
+        if self.storage is not None:  # each token's own scale (none, or its groups'): rounded once, as appended
+            keys, values = (self.storage.round(rows, self.storage.scale_for(rows)) for rows in (keys, values))
         real = np.concatenate([self._real(), np.arange(tokens)[None, :] >= (tokens - counts)[:, None]], axis=1)
         self._relayout(np.concatenate([self._keys, keys], axis=2), np.concatenate([self._values, values], axis=2),
                        real)
@@ -446,6 +457,17 @@ class RaggedKvCache:
 
     def select(self, indices: object) -> None:
         self._gather(_selection_indices(indices, self.batch_size))
+
+    def reorder(self, indices: object) -> None:
+        """Batch row ``b`` becomes the old row ``indices[b]`` with its own tokens (§13.3: repeats and drops
+        allowed, the batch size unchanged)."""
+        self._gather(_batch_indices(indices, self.batch_size))
+
+    def fork(self) -> RaggedKvCache:
+        """An independent copy: the same binding, copies of every row."""
+        twin = copy.copy(self)
+        twin._set(self._keys.copy(), self._values.copy(), self.lengths.copy())
+        return twin
 
     def repeat_interleave(self, repeats: object) -> None:
         if not isinstance(repeats, (int, np.integer)) or isinstance(repeats, (bool, np.bool_)) or repeats < 1:

@@ -75,6 +75,7 @@ class RowState:
 
     keys: np.ndarray
     values: np.ndarray
+    positions: np.ndarray | None = None  # None: every token, at 0 .. n - 1 (the reference keeps them all)
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,8 +144,9 @@ class ReferenceAdapter(PagedReferenceMethods, ModelReferenceMethods):
 
     # -- ragged batches, merged and split (spec §13.8) ----------------------------------------------------
 
-    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int) -> RaggedKvCache:
-        return RaggedKvCache(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                            window: int | None = None) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, window=window)
 
     def append_ragged(self, layer: AttentionLayer, cache: RaggedKvCache, x: np.ndarray, lengths: Any) -> np.ndarray:
         return layer.forward_ragged(x, lengths, cache)
@@ -248,13 +250,15 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     """The reference with K/V rows stored rounded (docs/spec.md §13.6): computation in float64, storage
     declared, so the suite judges it by the storage rule."""
 
-    # its rows are not judged at 1e-12; ragged batches and layered caches under a declared storage are not judged yet
-    # (spec §13.8, §13.9)
-    capabilities = ReferenceAdapter.capabilities - {"float64", *RAGGED_BATCHES, "layered_cache"}
+    # its rows are not judged at 1e-12; ragged batches only where each token has its own scale (spec §13.8);
+    # layered caches under a declared storage are not judged yet (spec §13.9)
+    capabilities = ReferenceAdapter.capabilities - {"float64", "layered_cache"}
 
     def __init__(self, rule: StorageRule) -> None:
         self.rule = rule
         self.storage = rule.declared()
+        if rule.scale not in ("none", "per_group"):  # a scale over the batch: no ragged batches
+            self.capabilities = self.capabilities - RAGGED_BATCHES
         self.name = (f"{ReferenceAdapter.name}[{rule.format},groups of {rule.group}"
                      f"{_ZERO_POINT_NAMES[rule.zero_point]}]" if rule.scale == "per_group"
                      else f"{ReferenceAdapter.name}[{rule.format},{rule.scale},{rule.update}]")
@@ -262,6 +266,10 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
     def create_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
                      window: int | None = None, sinks: int = 0) -> LayerKvCache:
         return LayerKvCache(layer, batch_size, capacity, window, storage=self.rule, sinks=sinks)
+
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                            window: int | None = None) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, storage=self.rule, window=window)
 
 
 class WindowUntilFullAdapter(ReferenceAdapter):

@@ -846,9 +846,11 @@ class PerRowCaches:
     typing; only the append is the adapter's own."""
 
     def __init__(self, layer: Any, batch_size: int, capacity: int, rows: list[LayerKvCache] | None = None,
-                 binding: LayerKvCache | None = None) -> None:
-        self.layer, self.capacity = layer, capacity
-        self.rows = rows if rows is not None else [LayerKvCache(layer, 1, capacity) for _ in range(batch_size)]
+                 binding: LayerKvCache | None = None, window: int | None = None) -> None:
+        self.layer, self.capacity, self.window = layer, capacity, window
+        # under a window, each row a ring of min(C, W) slots that lets its oldest tokens go
+        self.rows = rows if rows is not None else [LayerKvCache(layer, 1, capacity, window)
+                                                   for _ in range(batch_size)]
         # the batch's own binding: a batch of no rows is still bound (a stale one stays stale, docs/spec.md §13.8)
         self.binding = binding if binding is not None else LayerKvCache(layer, 1, 1)
 
@@ -856,8 +858,9 @@ class PerRowCaches:
     def batch_size(self) -> int:
         return len(self.rows)
 
-    def row(self, index: int) -> tuple[Any, Any]:
-        return self.rows[index].keys()[0], self.rows[index].values()[0]
+    def row(self, index: int) -> tuple[Any, ...]:
+        row = self.rows[index]
+        return (row.keys()[0], row.values()[0]) + ((row.positions(),) if self.window is not None else ())
 
     def reset(self) -> None:
         for row in self.rows:
@@ -888,10 +891,19 @@ class PerRowCaches:
 
     def extract(self, row: Any) -> PerRowCaches:
         _probe(self.layer, max(1, self.batch_size), self.batch_size).extract(row)
-        return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding)
+        return PerRowCaches(self.layer, 1, self.capacity, [self.rows[int(row)].fork()], self.binding, self.window)
 
     def merge(self, other: PerRowCaches) -> None:
+        self.binding.check_binding_of(other.binding)
         self.rows = [*self.rows, *(row.fork() for row in other.rows)]
+
+    def reorder(self, indices: Any) -> None:
+        _probe(self.layer, max(1, self.batch_size), self.batch_size).reorder(indices)
+        self._picked(np.asarray(indices, dtype=np.int64).reshape(-1))
+
+    def fork(self) -> PerRowCaches:
+        return PerRowCaches(self.layer, 0, self.capacity, [row.fork() for row in self.rows], self.binding,
+                            self.window)
 
 
 def _probe(layer: Any, batch_size: int = 1, rows: int | None = None, capacity: int = 1) -> RaggedKvCache:
@@ -907,9 +919,9 @@ class PerRowRaggedAdapter(ReferenceAdapter):
     call's own checks are the reference's, on a probe of the batch's size holding nothing; then every row's binding
     and room, every row computed before any is written."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        RaggedKvCache(layer, batch_size, capacity)  # the creation checks
-        return PerRowCaches(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        RaggedKvCache(layer, batch_size, capacity, window=window)  # the creation checks
+        return PerRowCaches(layer, batch_size, capacity, window=window)
 
     def append_ragged(self, layer: Any, cache: Any, x: Any, lengths: Any) -> Any:
         probe = _probe(layer, max(1, cache.batch_size), cache.batch_size, capacity=layer.rope.max_positions)
@@ -939,8 +951,102 @@ class FilterRefusesNone(RaggedKvCache):
 
 
 class FilterRefusesNoneAdapter(ReferenceAdapter):
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        return FilterRefusesNone(layer, batch_size, capacity)
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return FilterRefusesNone(layer, batch_size, capacity, window=window)
+
+
+class ScaledOverTheBatch(RaggedKvCache):
+    """A ragged cache storing each chunk at one int4 scale over the whole batch (padding included): what a row
+    stores depends on the other rows."""
+
+    def commit(self, keys: Any, values: Any, counts: Any) -> None:
+        rule = StorageRule("int4", "per_tensor")
+        super().commit(rule.round(keys, rule.scale_for(keys)), rule.round(values, rule.scale_for(values)), counts)
+
+
+class RaggedScaledOverTheBatch(QuantizedReferenceAdapter):
+    """Layer caches in affine uint4 groups of 4, as declared; ragged batches at a scale over the batch. Honest
+    without the ragged capabilities (docs/spec.md §13.8: such a scale is not a row's)."""
+
+    def __init__(self) -> None:
+        super().__init__(StorageRule("uint4", "per_group", group=4))
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return ScaledOverTheBatch(layer, batch_size, capacity, window=window)
+
+
+class RaggedWindowIgnored(ReferenceAdapter):
+    """Window layer caches as the reference's, but ragged batches that attend to every token of a row whatever
+    the window asked for: honest without sliding_window_layer (its windows are then never asked for)."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return RaggedKvCache(layer, batch_size, capacity)
+
+
+class RaggedRowsGrow(ReferenceAdapter):
+    """Ragged rows that grow past the capacity asked for (a cache that reallocates): honest without
+    fixed_capacity, an append past a row's room accepted (docs/spec.md §13.8)."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        cache = RaggedKvCache(layer, batch_size, capacity, window=window)
+        cache.capacity = 1 << 40
+        return cache
+
+
+class MergeUnchecked(RaggedKvCache):
+    """A ragged cache whose merge takes a batch bound to any layer of the same geometry."""
+
+    def merge(self, other: RaggedKvCache) -> None:
+        other._binding = self._binding
+        super().merge(other)
+
+
+class MergeUncheckedAdapter(ReferenceAdapter):
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return MergeUnchecked(layer, batch_size, capacity, window=window)
+
+
+class RaggedForkShared(ReferenceAdapter):
+    """Layer caches fork, but a ragged batch's fork is the batch itself: honest without fork (it is drawn on both
+    kinds of cache where declared)."""
+
+    def fork(self, cache: Any) -> Any:
+        return cache if isinstance(cache, RaggedKvCache) else super().fork(cache)
+
+
+class ReorderKeepsLengths(RaggedKvCache):
+    """A ragged cache whose reorder moves the rows' slots but keeps each place's old length."""
+
+    def reorder(self, indices: object) -> None:
+        RaggedKvCache.reorder(self.fork(), indices)  # the reference's checks, on a copy
+        rows, real = np.asarray(indices, dtype=np.int64).reshape(-1), self._real()
+        self._relayout(self._keys[rows], self._values[rows], real)
+
+
+class RaggedReorderKeepsLengths(ReferenceAdapter):
+    """Layer caches reorder, but a ragged batch's reorder keeps each place's length: honest without
+    batch_reorder."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: Any = None) -> Any:
+        return ReorderKeepsLengths(layer, batch_size, capacity, window=window)
+
+
+class CreationUnchecked(RaggedKvCache):
+    """A ragged cache whose creation checks nothing of its own: a bad size fails as numpy makes it fail (a raw
+    error), or is taken (a bool, zero rows, any capacity)."""
+
+    def __init__(self, layer: Any, batch_size: Any, capacity: Any, window: Any = None) -> None:
+        super().__init__(layer, 1, 1, window=window)
+        empty = np.zeros((batch_size, self.kv_heads, 0, self.head_width))
+        self._set(empty, empty.copy(), np.zeros(batch_size, dtype=np.int64))
+        self.capacity = capacity
+
+
+class RaggedCreationUnchecked(ReferenceAdapter):
+    """Honest without creation_errors."""
+
+    def create_ragged_cache(self, layer: Any, batch_size: Any, capacity: Any, window: Any = None) -> Any:
+        return CreationUnchecked(layer, batch_size, capacity, window)
 
 
 VARIANTS.update({
@@ -949,12 +1055,50 @@ VARIANTS.update({
     # a filter that cannot leave no rows: honest without batch_filter (merge and extract still judged)
     "ragged-filter-refuses-none": lambda: Declared("ragged-filter-refuses-none", REFERENCE - {"batch_filter"},
                                                    FilterRefusesNoneAdapter()),
+    # rows that grow past their room, a merge that checks no binding, a fork that is the batch itself, a reorder
+    # that keeps each place's length, a creation that checks nothing: each honest without what it does not do
+    "ragged-rows-grow": lambda: Declared("ragged-rows-grow", REFERENCE - {"fixed_capacity"}, RaggedRowsGrow()),
+    "ragged-merge-unchecked": lambda: Declared("ragged-merge-unchecked", REFERENCE - {"binding_checks"},
+                                               MergeUncheckedAdapter()),
+    "ragged-fork-shared": lambda: Declared("ragged-fork-shared", REFERENCE - {"fork"}, RaggedForkShared()),
+    "ragged-reorder-keeps-lengths": lambda: Declared("ragged-reorder-keeps-lengths", REFERENCE - {"batch_reorder"},
+                                                     RaggedReorderKeepsLengths()),
+    "ragged-creation-unchecked": lambda: Declared("ragged-creation-unchecked", REFERENCE - {"creation_errors"},
+                                                  RaggedCreationUnchecked()),
+    # ragged batches that ignore the window: honest without sliding_window_layer (and what needs it)
+    "ragged-window-ignored": lambda: Declared("ragged-window-ignored", REFERENCE - {"sliding_window_layer"} - DEPENDS[
+        "sliding_window_layer"], RaggedWindowIgnored()),
+    # ragged batches stored at a scale over the batch, beside uint4 groups as declared: honest without ragged rows
+    "storage-ragged-scaled-over-the-batch": lambda: Declared(
+        "storage-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities - BATCHES_CAPABILITIES,
+        RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage),
 })
 TWINS.update({
     # the same cache declaring batch_filter: a filter to no rows must succeed (docs/spec.md §13.8)
     "ragged-filter-refuses-none-claims-batch-filter": (
         lambda: Declared("twin-filter-refuses-none", REFERENCE, FilterRefusesNoneAdapter()), "batches", {},
         "expected success"),
+    "ragged-rows-grow-claims-fixed-capacity": (
+        lambda: Declared("twin-ragged-rows-grow", REFERENCE, RaggedRowsGrow()), "batches", {}, "expected full"),
+    "ragged-merge-unchecked-claims-binding-checks": (
+        lambda: Declared("twin-ragged-merge-unchecked", REFERENCE, MergeUncheckedAdapter()), "batches", {},
+        "expected "),  # expected layer_mismatch, revision_mismatch or rope_mismatch, got success
+    "ragged-fork-shared-claims-fork": (
+        lambda: Declared("twin-ragged-fork-shared", REFERENCE, RaggedForkShared()), "batches", {},
+        "fork not independent"),
+    "ragged-reorder-keeps-lengths-claims-batch-reorder": (
+        lambda: Declared("twin-ragged-reorder-keeps-lengths", REFERENCE, RaggedReorderKeepsLengths()), "batches",
+        {}, "wrong row length"),
+    # the same declaring ragged rows: its uint4 groups are judged on each row's own tokens, and int4 over the batch
+    # is coarser than them
+    "storage-ragged-scaled-over-the-batch-claims-ragged-rows": (
+        lambda: Declared("twin-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities,
+                         RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage), "batches", {}, ""),
+    "ragged-window-ignored-claims-sliding-window-layer": (
+        lambda: Declared("twin-ragged-window-ignored", REFERENCE, RaggedWindowIgnored()), "batches", {}, ""),
+    "ragged-creation-unchecked-claims-creation-errors": (
+        lambda: Declared("twin-ragged-creation-unchecked", REFERENCE, RaggedCreationUnchecked()), "batches", {},
+        ""),  # either face: a raw error (negative, a float, None) or an acceptance (a bool, zero rows)
 })
 
 

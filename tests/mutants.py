@@ -725,6 +725,90 @@ BATCH_MUTANTS = (
              "                       else real[rows])"),),
            "a select or filter of ragged rows keeps the lengths of the leading rows, not of the rows kept", "batches"),
 )
+# The second slice (issue 38 item 1): an append past a row's room, a ragged cache's creation checks, merges of batches
+# bound elsewhere, and reorder and fork of ragged rows (docs/spec.md §13.8).
+BATCH_MUTANTS += (
+    Mutant("ragged_full_only_when_a_row_is_full", "attention.py",
+           (("        if int((cache.lengths + counts).max(initial=0)) > cache.capacity:",
+             "        if int(cache.lengths.max(initial=0)) >= cache.capacity:"),),
+           "a ragged chunk is FULL only where some row is already full: a chunk carrying a row past its room is "
+           "written", "batches"),
+    Mutant("ragged_full_checks_the_shortest_row", "attention.py",
+           (("        if int((cache.lengths + counts).max(initial=0)) > cache.capacity:",
+             "        if int((cache.lengths + counts).min(initial=0)) > cache.capacity:"),),
+           "the room of a ragged chunk is checked on its shortest row only", "batches"),
+    Mutant("ragged_creation_takes_zero_rows", "cache.py",
+           (("        if batch_size == 0:\n            raise ZeroBatchSize()\n        if capacity == 0:\n"
+             "            raise ZeroCapacity()\n        self._binding = LayerKvCache(layer, 1, 1)",
+             "        if capacity == 0:\n            raise ZeroCapacity()\n"
+             "        self._binding = LayerKvCache(layer, 1, 1)"),),
+           "creating a ragged cache of no rows succeeds (§4.2: zero_batch)", "batches"),
+    Mutant("ragged_creation_past_the_positions", "cache.py",
+           (("        if capacity > layer.rope.max_positions:\n            raise CapacityExceedsPositions(capacity, "
+             "layer.rope.max_positions)\n        if storage is not None",
+             "        if storage is not None"),),
+           "a ragged cache takes a capacity above the RoPE positions", "batches"),
+    Mutant("merge_skips_the_binding_check", "cache.py",
+           (("        self._binding.check_binding_of(other._binding)\n", ""),),
+           "merges a batch bound to another layer (recreated, another RoPE, other versions)", "batches"),
+    Mutant("merge_checks_the_binding_after_appending", "cache.py",
+           (("        self._binding.check_binding_of(other._binding)\n        width = max(self.width, other.width)\n",
+             "        width = max(self.width, other.width)\n"),
+            ("        self.capacity = max(self.capacity, other.capacity)\n",
+             "        self.capacity = max(self.capacity, other.capacity)\n"
+             "        self._binding.check_binding_of(other._binding)\n")),
+           "a merge of a batch bound elsewhere appends its rows, then raises", "batches"),
+    Mutant("ragged_reorder_keeps_the_lengths", "cache.py",
+           (("        self._gather(_batch_indices(indices, self.batch_size))\n",
+             "        rows = _batch_indices(indices, self.batch_size)\n"
+             "        self._relayout(self._keys[rows], self._values[rows], self._real())\n"),),
+           "a reorder of ragged rows moves their slots but keeps each place's old length", "batches"),
+    Mutant("ragged_reorder_sorts_the_indices", "cache.py",
+           (("        self._gather(_batch_indices(indices, self.batch_size))\n",
+             "        self._gather(np.sort(_batch_indices(indices, self.batch_size)))\n"),),
+           "a reorder of ragged rows takes the rows asked for in their old order", "batches"),
+    Mutant("ragged_fork_is_the_same_batch", "cache.py",
+           (("        twin = copy.copy(self)\n        twin._set(self._keys.copy(), self._values.copy(), "
+             "self.lengths.copy())\n        return twin\n",
+             "        return self\n"),),
+           "a fork of a ragged batch is the batch itself: a write to either shows in the other", "batches"),
+    Mutant("ragged_fork_loses_the_lengths", "cache.py",
+           (("        twin._set(self._keys.copy(), self._values.copy(), self.lengths.copy())",
+             "        twin._set(self._keys.copy(), self._values.copy(), np.full_like(self.lengths, self.width))"),),
+           "a fork of a ragged batch holds every row at the longest row's length: padding read as tokens", "batches"),
+)
+# Quantized storage on ragged rows (docs/spec.md §13.8): each token's own groups, behind the uint4 reference.
+_ROUNDED = ("            keys, values = (self.storage.round(rows, self.storage.scale_for(rows)) "
+            "for rows in (keys, values))\n")
+BATCH_MUTANTS += (
+    Mutant("ragged_storage_scaled_over_the_batch", "cache.py",
+           ((_ROUNDED, "            from .storage import StorageRule\n"
+                       "            batch = StorageRule(\"int4\", \"per_tensor\")\n"
+                       "            keys, values = (batch.round(rows, batch.scale_for(rows)) "
+                       "for rows in (keys, values))\n"),),
+           "a ragged chunk is stored at one scale over the whole batch, padding included, not in each token's own "
+           "groups", "batches", factory="make_uint4_group_adapter"),
+    Mutant("ragged_storage_in_a_coarser_format", "cache.py",
+           ((_ROUNDED, "            coarse = type(self.storage)(\"uint2\", \"per_group\", group=self.storage.group)\n"
+                       "            keys, values = (coarse.round(rows, coarse.scale_for(rows)) "
+                       "for rows in (keys, values))\n"),),
+           "ragged rows are stored in 2 bits a group where 4 are declared", "batches",
+           factory="make_uint4_group_adapter"),
+)
+# Ragged rows under a sliding window (docs/spec.md §13.8): each row's window in its own positions.
+_WINDOW = ("            if cache.window is not None:  # and within the row's own window, counted in its own positions\n"
+           "                visible &= key_positions[:, None, :] > positions[:, :, None] - cache.window\n")
+BATCH_MUTANTS += (
+    Mutant("ragged_window_ignored", "attention.py", ((_WINDOW, ""),),
+           "a ragged batch's rows attend to every token they hold, whatever the window", "batches"),
+    Mutant("ragged_window_counted_in_padded_columns", "attention.py",
+           ((_WINDOW, "            if cache.window is not None:\n"
+                      "                columns = np.arange(key_positions.shape[1])\n"
+                      "                visible &= columns[None, None, :] > (width + np.arange(tokens))[None, :, None]"
+                      " - cache.window\n"),),
+           "a ragged row's window is counted in the padded layout's columns, not in its own positions: a row "
+           "padded in a chunk sees fewer of its tokens", "batches"),
+)
 MUTANTS = MUTANTS + BATCH_MUTANTS
 
 

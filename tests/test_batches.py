@@ -14,43 +14,83 @@ import numpy as np
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from impl.conformance import make_adapter, make_int8_adapter
+from impl.conformance import (
+    make_adapter,
+    make_float16_adapter,
+    make_fp8_adapter,
+    make_int8_adapter,
+    make_uint4_extreme_adapter,
+    make_uint4_group_adapter,
+)
 from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
-from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import without_local_constants
+from kvcache_conformance.run import exercise, profiles, selection
+from kvcache_conformance.run.runner import run_machine, without_local_constants
 
 CASES = ("rows at different offsets", "rows at different offsets, grouped-query layer", "a row empty beside a long one",
          "one token per row at different offsets", "merge of a batch holding no token",
          "merge into a batch holding no token", "merge into a batch of no rows", "merge of batches of different sizes",
          "filter to one row", "filter to no rows", "extract of a row shorter or longer than another",
-         "truncation shorter than one row, longer than another")
+         "truncation shorter than one row, longer than another", "a row appended past its room",
+         "a full row appended past its room beside shorter rows", "merge of a batch of another layer: layer_mismatch",
+         "merge of a batch of another layer: rope_mismatch", "merge of a batch of another layer: revision_mismatch",
+         "reorder moving rows of different lengths", "fork of rows at different offsets",
+         "a ragged cache's creation rejected: invalid_argument", "a ragged cache's creation rejected: zero_batch",
+         "a ragged cache's creation rejected: zero_capacity",
+         "a ragged cache's creation rejected: capacity_exceeds_positions",
+         "filter keeping rows of different lengths out of their order", "rows at different offsets past a window",
+         "rows at, past and before the window's edge")
 
 
 class Counted(BatchesMachine):
     met: ClassVar[Counter[str]] = Counter()
+    by_rule: ClassVar[Counter[tuple[str, str]]] = Counter()
 
     def __init__(self) -> None:
         super().__init__(make_adapter())
 
     def teardown(self) -> None:
         Counted.met.update(case for (_, case), times in self.exercise.items() for _ in range(times))
+        Counted.by_rule.update(self.exercise)
         super().teardown()
 
 
 def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
     Counted.met.clear()
+    Counted.by_rule.clear()
     with without_local_constants():
         run_state_machine_as_test(Counted, settings=profiles.settings_for("dev", database=None, max_examples=100,
                                                                          derandomize=True))
     missed = {case: Counted.met[case] for case in CASES if Counted.met[case] < 3}
     assert not missed, missed
+    # each case is a column of the report's exercise table for the batches machine
+    rules: dict[str, dict[str, int]] = {}
+    for (rule, case), times in Counted.by_rule.items():
+        rules.setdefault(rule, {})[case] = times
+    table = "\n".join(exercise.markdown(exercise.summary(
+        [{"exercise": exercise.merged([{"machine": "batches", "rules": rules, "capabilities": {}}])}], [])))
+    header = next(line for line in table.splitlines() if line.startswith("| rule |"))
+    assert not [case for case in CASES if f"met: {case} |" not in header], header
 
 
-def test_ragged_batches_under_a_declared_storage_are_skipped_with_the_reason() -> None:
+def test_ragged_batches_under_a_scale_over_the_batch_are_skipped_with_the_reason() -> None:
     assert BatchesMachine.needs().problem(make_adapter()) is None
-    assert "ragged_rows" in str(BatchesMachine.needs().problem(make_int8_adapter()))  # (the quantized reference's)
-    assert UNSTORED in str(BatchesMachine.needs().problem(_Declaring(make_int8_adapter())))
+    # the quantized references at a scale over the batch (per channel, per tensor) declare no ragged rows
+    assert "ragged_rows" in str(BatchesMachine.needs().problem(make_int8_adapter()))
+    for declaring in (_Declaring(make_int8_adapter()), _Declaring(make_fp8_adapter())):
+        assert UNSTORED in str(BatchesMachine.needs().problem(declaring))
+    for own_scales in (make_uint4_group_adapter(), make_float16_adapter()):  # each token's groups; no scale at all
+        assert BatchesMachine.needs().problem(own_scales) is None
+
+
+@pytest.mark.parametrize("factory", [make_uint4_group_adapter, make_float16_adapter, make_uint4_extreme_adapter])
+def test_ragged_rows_under_a_storage_of_their_own_scales_are_judged_and_conform(factory: Any) -> None:
+    result = run_machine("batches", factory(), property_id="batches-stored",
+                         settings=profiles.settings_for("ci", database=None, max_examples=40))
+    assert result.failure is None, result.failure
+    met = {case for (_, case) in result.exercise.counts}
+    assert {"rows at different offsets", "rows at different offsets, grouped-query layer"} <= met, met
+    assert 0 < result.worst[0] < result.worst[1]  # judged by the storage rule, within it
 
 
 class _Declaring:
@@ -141,3 +181,10 @@ def test_a_rejected_ragged_call_changes_nothing(layer: tuple[Any, Any, Attention
         assert adapter.error_kind(raised.value) == kind
         after = adapter.ragged_snapshot(cache)
         assert all(np.array_equal(k, row.keys) and np.array_equal(v, row.values) for (k, v), row in zip(before, after))
+
+
+def test_the_minimal_batched_example_conforms_to_what_it_claims() -> None:
+    adapter = selection.load_adapter("examples.minimal_batched_adapter:make_adapter")
+    result = run_machine("batches", adapter, property_id="batches-example",
+                         settings=profiles.settings_for("ci", database=None, max_examples=30))
+    assert result.failure is None, result.failure

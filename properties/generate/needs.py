@@ -29,6 +29,9 @@ from .layers import layer_families
 
 Alternatives = tuple[frozenset[str], ...]  # one of these sets of capabilities, all of the set
 
+# the storage scales under which a row's stored values are a function of its own tokens alone (docs/spec.md §13.8)
+ROW_OWN_SCALES = ("none", "per_group")
+
 
 def one_of(*alternatives: Iterable[Any]) -> Alternatives:
     return tuple(frozenset(str(getattr(c, "value", c)) for c in group) for group in alternatives)
@@ -145,7 +148,8 @@ class Needs:
     # (capability, claimed, what relied on it): a trace's later steps were drawn after a call was rejected under
     # the claim (claimed), or accepted without it and its object replaced (not claimed)
     claims: tuple[tuple[str, bool, str], ...] = ()
-    # what is judged only without a declared storage (ragged batches, docs/spec.md §13.8): the reason it is not
+    # what is judged under a declared storage only where its scales are each row's own (ragged batches, docs/spec.md
+    # §13.8: scale none or per_group): the reason a scale over the whole batch is not judged
     unstored: str | None = None
 
     @classmethod
@@ -185,8 +189,9 @@ class Needs:
         if self.layer_caches and not drives_layer_caches(adapter):
             return (f"{name} drives no layer caches (it has none of {', '.join(LAYER_METHODS)}; a RoPE pairing it "
                     "declares names its decoders' RoPE)")
-        if self.unstored is not None and declared_storage(adapter) is not None:
-            return f"{name} declares storage: {self.unstored}"
+        storage = declared_storage(adapter) if self.unstored is not None else None
+        if storage is not None and storage.scale not in ROW_OWN_SCALES:
+            return f"{name} declares storage scaled {storage.scale}: {self.unstored}"
         if self.families is not None:
             limits = LayerLimits.of(adapter)
             buildable = layer_families(capabilities, limits)

@@ -14,6 +14,7 @@ layer's family (GQA included) is drawn per example, as in the layer machine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..judge.calls import Inputs
 from ..judge.calls import call as raw_call
 from ..judge.checks import expect_success
 from ..judge.failures import NonConformance
-from ..judge.policy import VALID, Due, Expect, Observed
+from ..judge.policy import VALID, Due, Expect, Observed, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
@@ -35,11 +36,20 @@ from .layer_steps import layer_needs
 
 # The batch a ragged chunk is drawn to meet: the plain case first (where shrinking goes), then the hard ones.
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
-MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token")
-FILTERS = ("any rows", "one row", "no rows", "invalid rows")
+WINDOW_EDGE = "rows at, past and before the window's edge"  # a windowed batch's hard case: n = W, W + 1, 0
+MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token",
+          "into a batch of no rows")  # the last where batch_filter is declared: a filter to none first
+FILTERS = ("any rows", "one row", "no rows", "invalid rows", "rows out of order")
+FILTERS_DRAWN = (FILTERS[0], FILTERS[4], FILTERS[1], FILTERS[2], FILTERS[3])  # the order drawn (a later one is met
+# less often in a derandomised run)
 EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
+PAST_ROOM = ("any row", "a full row beside shorter ones")  # an append after which some row holds more than C
+OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since")  # a merge of a cache bound elsewhere
+BAD_SIZES = ("negative", "a bool", "a float", "a string", "None", "zero", "above the RoPE positions")
+ZERO_AND_PAST = 3  # how many times more often than each of the other problems a zero and the positions' check
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
-UNSTORED = "ragged batches are judged without a declared storage only (docs/spec.md §13.8)"
+UNSTORED = ("a ragged batch is judged under a storage whose scales are each row's own (scale none or per_group, "
+            "docs/spec.md §13.8): a scale over the whole batch (per_tensor, per_channel) is not a scale of one row")
 
 
 class BatchesMachine(ConformanceMachine):
@@ -63,7 +73,10 @@ class BatchesMachine(ConformanceMachine):
         """A layer of a family the adapter can build (GQA included), and a ragged batch of empty rows for it."""
         self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
                                                 min_capacity=4), label="config")
-        self.oracle = LayerOracle(self.config, None, self.judge, self.has(Capability.KEYS_UNROTATED))
+        least = self.limits.min_window or 1
+        self.window = data.optional(st.sampled_from([None, *range(least, max(least, 3) + 1)]), "window",
+                                                None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
+        self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
         self.weights = self.config.weights
         handed = Inputs()
         given = handed("weights", self.weights)
@@ -72,9 +85,14 @@ class BatchesMachine(ConformanceMachine):
         self.stale = False
 
     def _new_batch(self, batch_size: int, what: str = "create a ragged cache") -> tuple[Any, list[CacheModel]]:
-        cache = self.must(what, lambda: self.adapter.create_ragged_cache(self.layer, batch_size,
-                                                                         self.config.capacity))
+        cache = self.must(what, lambda: self._create(self.layer, batch_size))
         return cache, [CacheModel(self.weights, 1) for _ in range(batch_size)]
+
+    def _create(self, layer: Any, batch_size: int) -> Any:
+        """A ragged cache of the layer, of the batch's window if it has one (handed only then)."""
+        if self.window is None:
+            return self.adapter.create_ragged_cache(layer, batch_size, self.config.capacity)
+        return self.adapter.create_ragged_cache(layer, batch_size, self.config.capacity, window=self.window)
 
     @property
     def grouped(self) -> bool:
@@ -95,8 +113,39 @@ class BatchesMachine(ConformanceMachine):
         """A chunk of its own number of tokens for every row (0 included), left-padded: each row attends to its
         own tokens only, at its own positions; or REVISION_MISMATCH if stale. On purpose (``RAGGED``) one row left
         empty beside one filled as far as its room allows, or one token per row (a decode step)."""
-        case = data.optional(g.on_purpose(*RAGGED), "ragged", RAGGED[0])
+        case = data.optional(g.on_purpose(*RAGGED, *([WINDOW_EDGE] if self.window else [])), "ragged", RAGGED[0])
+        if case == WINDOW_EDGE:
+            case = RAGGED[2]  # then one token per row
+            if self.largest >= 2:
+                self._around_the_window_edge(data)
+        elif case == RAGGED[2] and self.largest >= 2:
+            self._offsets_with_room(data)
+        held = {len(row.rows) for row in self.rows}
+        if self.window and 0 in held and self.window in held and any(n > self.window for n in held):
+            self.exercised(WINDOW_EDGE)
         self._append(data, self.cache, self.rows, case)
+
+    def _around_the_window_edge(self, data: Draws) -> None:
+        """A fresh batch of up to three rows: one holding W tokens (at the window's edge), one more than W (past
+        it), one none (before it)."""
+        assert self.window is not None
+        self.cache, self.rows = self._new_batch(min(self.largest, 3))
+        self.stale = False
+        self._fill(data, [self.window, min(self.config.capacity, self.window + data.draw(
+            st.integers(1, 2), label="past the edge by")), 0][:len(self.rows)])
+
+    def _offsets_with_room(self, data: Draws) -> None:
+        """Rows at different offsets, each with room for one more token, for certain: unless the batch has them, a
+        fresh batch of two rows or more (the stale one replaced) and one row filled below its room."""
+        held = [len(row.rows) for row in self.rows]
+        if len(set(held)) > 1 and max(held) < self.config.capacity and not self.stale:
+            return
+        self.cache, self.rows = self._new_batch(min(self.largest, max(2, len(self.rows))))
+        self.stale = False
+        lengths = [0] * len(self.rows)
+        lengths[data.draw(st.integers(0, len(self.rows) - 1), label="row filled")] = data.draw(
+            st.integers(1, self.config.capacity - 1), label="tokens")
+        self._fill(data, lengths)
 
     def _lengths(self, data: Draws, rows: list[CacheModel], case: str) -> list[int]:
         rooms = [min(g.MAX_CHUNK, self.config.capacity - len(row.rows)) for row in rows]
@@ -110,8 +159,11 @@ class BatchesMachine(ConformanceMachine):
             return lengths
         return [data.draw(st.integers(0, room), label="length") for room in rooms]
 
-    def _append(self, data: Draws, cache: Any, rows: list[CacheModel], case: str, what: str = "") -> None:
-        """One ragged chunk into ``cache`` (the running batch, or one about to be merged) whose rows are ``rows``."""
+    def _append(self, data: Draws, cache: Any, rows: list[CacheModel], case: str, what: str = "",
+                layer: Any = None) -> None:
+        """One ragged chunk into ``cache`` (the running batch, or one about to be merged) whose rows are ``rows``,
+        through ``layer`` (this one unless given: a recreated layer of equal values computes the same)."""
+        layer = self.layer if layer is None else layer
         if case == RAGGED[1] and len(rows) >= 2 and cache is self.cache and all(row.rows for row in rows):
             self._reset()  # a row that holds no token, for certain
         lengths = self._lengths(data, rows, case)
@@ -127,7 +179,7 @@ class BatchesMachine(ConformanceMachine):
         due = Due.check(ErrorKind.REVISION_MISMATCH if stale else None)
         expected = [self._expected(row, x[b, tokens - length:]) if length and not stale else None
                     for b, (row, length) in enumerate(zip(rows, lengths))]
-        judged = self.call(what, lambda: self.adapter.append_ragged(self.layer, cache, given_x, given_lengths),
+        judged = self.call(what, lambda: self.adapter.append_ragged(layer, cache, given_x, given_lengths),
                            due=due, inputs=handed, observe=lambda: self._observed(cache, what),
                            replace=self._replace if cache is self.cache else lambda: None)
         if not judged.to_judge or stale:
@@ -155,6 +207,8 @@ class BatchesMachine(ConformanceMachine):
         held = [len(row.rows) for row in rows]
         if len(set(held)) > 1:
             self.exercised("rows at different offsets")
+            if self.window is not None and max(held) > self.window:
+                self.exercised("rows at different offsets past a window")
             if self.grouped:
                 self.exercised("rows at different offsets, grouped-query layer")
         if 0 in held and max(held, default=0) >= 3:
@@ -193,6 +247,81 @@ class BatchesMachine(ConformanceMachine):
                   due=Due.check(ErrorKind.INVALID_LENGTH), inputs=handed,
                   observe=lambda: self._observed(self.cache, what), replace=self._replace)
 
+    @rule(data=st.data(), when=lambda self: bool(self.rows))
+    def append_ragged_past_the_room(self, data: Draws) -> None:
+        """A chunk after which one row would hold more than C tokens, the others within their room: FULL where
+        fixed_capacity is claimed, nothing written (the rows that fit included). On purpose (``PAST_ROOM``) one
+        token more for a row already full, beside shorter rows."""
+        self._fresh_if_stale()
+        case = data.optional(g.on_purpose(*PAST_ROOM), "past the room", PAST_ROOM[0])
+        capacity = self.config.capacity
+        row = data.draw(st.integers(0, len(self.rows) - 1), label="row past its room")
+        if case == PAST_ROOM[1] and len(self.rows[row].rows) < capacity:  # fill it first, the others left as they are
+            fill = [0] * len(self.rows)
+            fill[row] = capacity - len(self.rows[row].rows)
+            self._fill(data, fill)
+        rooms = [capacity - len(r.rows) for r in self.rows]
+        lengths = [data.draw(st.integers(0, min(room, g.MAX_CHUNK)), label="length") for room in rooms]
+        lengths[row] = rooms[row] + data.draw(st.integers(1, 2), label="tokens past the room")
+        tokens = max(lengths)
+        x = data.draw(g.chunks(len(self.rows), tokens, self.config.model_width), label="chunk")
+        what = f"append a ragged chunk of lengths {lengths} to rows of {[len(r.rows) for r in self.rows]} tokens " \
+               f"(room for {capacity} each)"
+        handed = Inputs()
+        given_x, given_lengths = handed("x", x), handed("lengths", list(lengths))
+        self.call(what, lambda: self.adapter.append_ragged(self.layer, self.cache, given_x, given_lengths),
+                  due=Due.check(ErrorKind.FULL), inputs=handed, observe=lambda: self._observed(self.cache, what),
+                  replace=self._replace)
+        self.exercised("a row appended past its room")
+        if len(self.rows[row].rows) == capacity and any(len(r.rows) < capacity for r in self.rows):
+            self.exercised("a full row appended past its room beside shorter rows")
+
+    def _fill(self, data: Draws, lengths: list[int]) -> None:
+        """Valid chunks of at most MAX_CHUNK tokens a row until each row ``b`` has appended ``lengths[b]`` more."""
+        left = list(lengths)
+        while any(left):
+            step = [min(n, g.MAX_CHUNK) for n in left]
+            tokens = max(step)
+            x = data.draw(g.chunks(len(self.rows), tokens, self.config.model_width), label="chunk")
+            what = f"append a ragged chunk of lengths {step} (filling a row)"
+            handed = Inputs()
+            given_x, given_lengths = handed("x", x), handed("lengths", list(step))
+            expected = [self._expected(r, x[b, tokens - n:]) if n else None
+                        for b, (r, n) in enumerate(zip(self.rows, step))]
+            judged = self.call(what, lambda: self.adapter.append_ragged(self.layer, self.cache, given_x,
+                                                                        given_lengths), due=VALID, inputs=handed)
+            output = judged.value
+            for b, (r, n) in enumerate(zip(self.rows, step)):
+                if n:
+                    trace, new_rows = expected[b]  # type: ignore[misc]
+                    wanted, tolerance = self.judge.bound(trace, lambda t: t.outputs[0, -n:, :])
+                    self.judge.close(np.asarray(output)[b, tokens - n:], wanted, tolerance,
+                                     what=f"{what}: row {b}'s output", check="output", axes=("step row", "feature"))
+                    r.rows, r.trace = new_rows, trace
+            left = [n - m for n, m in zip(left, step)]
+
+    @rule(data=st.data(), requires=[Capability.CREATION_ERRORS])
+    def create_ragged_cache_of_invalid_size(self, data: Draws) -> None:
+        """A batch size or capacity that is not a count (negative, a bool, a float, a string, None), zero, or a
+        capacity above the RoPE positions: §4.2's kind, the running batch untouched."""
+        past = self.config.rope is not None and self.limits.max_capacity is None  # (else outside the limits)
+        # the rarer checks first: a derandomised run draws a list's first entries more often than its last
+        problem = data.draw(st.sampled_from([*[BAD_SIZES[6]] * (ZERO_AND_PAST if past else 0),
+                                             *[BAD_SIZES[5]] * ZERO_AND_PAST, *BAD_SIZES[:5]]), label="problem")
+        which = "capacity" if problem == BAD_SIZES[6] else data.draw(st.sampled_from(["batch", "capacity"]),
+                                                                     label="which")
+        bad: Any = {"negative": -1, "a bool": True, "a float": 2.0, "a string": "2", "None": None, "zero": 0}.get(
+            problem, None if self.config.rope is None else self.config.rope.max_positions + 1)
+        kind = (ErrorKind.CAPACITY_EXCEEDS_POSITIONS if problem == BAD_SIZES[6]
+                else ErrorKind.INVALID_ARGUMENT if problem != "zero"
+                else ErrorKind.ZERO_BATCH if which == "batch" else ErrorKind.ZERO_CAPACITY)
+        batch, capacity = (bad, self.config.capacity) if which == "batch" else (max(1, len(self.rows)), bad)
+        what = f"create a ragged cache of batch {batch!r}, capacity {capacity!r} ({which}: {problem})"
+        self.call(what, lambda: self.adapter.create_ragged_cache(self.layer, batch, capacity),
+                  due=Due.check(kind, Capability.CREATION_ERRORS.value),
+                  observe=lambda: self._observed(self.cache, what), replace=lambda: None)
+        self.exercised(f"a ragged cache's creation rejected: {kind.value}")
+
     def _make_ragged(self, data: Draws) -> None:
         """Rows of different lengths, one holding tokens, for certain: unless the batch has them, a fresh batch of
         two rows or more (the stale one replaced) and a chunk leaving one row empty beside a long one."""
@@ -212,9 +341,14 @@ class BatchesMachine(ConformanceMachine):
         self._fresh_if_stale()
         if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
             return
-        case = data.optional(g.on_purpose(*MERGES), "merges", MERGES[0])
+        case = data.optional(g.on_purpose(*MERGES[:4 if self.has(Capability.BATCH_FILTER) else 3]), "merges",
+                             MERGES[0])
         if case == MERGES[2] and any(row.rows for row in self.rows):
             self._reset()
+        if case == MERGES[3] and self.rows:
+            what = f"filter a batch of {len(self.rows)} to no rows (to merge into)"
+            if self.call(what, lambda: self.adapter.filter(self.cache, []), due=VALID).to_judge:
+                self.rows = []
         size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
         other, other_rows = self._new_batch(size, "create the ragged cache to merge")
         if case != MERGES[1]:
@@ -235,6 +369,42 @@ class BatchesMachine(ConformanceMachine):
                            observe=lambda: self._observed(self.cache, what), replace=self._replace)
         if judged.to_judge:
             self.rows = [*self.rows, *other_rows]
+
+    @rule(data=st.data(), requires=[Capability.BATCH_MERGE], when=lambda self: len(self.rows) < self.largest)
+    def merge_a_batch_of_another_layer(self, data: Draws) -> None:
+        """A batch bound elsewhere (``OTHER_LAYERS``): created on a recreated layer of equal values
+        (LAYER_MISMATCH), on the same parameters under another RoPE (ROPE_MISMATCH), or on the layer after its
+        weights were updated in place while the running batch was not (REVISION_MISMATCH): refused where
+        binding_checks is claimed, the running batch unchanged."""
+        self._fresh_if_stale()
+        if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
+            return
+        # a RoPE layer is drawn two times in three: its own case half the time there, to be met as often
+        cases = [*OTHER_LAYERS, OTHER_LAYERS[1]] * 2 + [OTHER_LAYERS[1]] * 2 if self.config.rope is not None \
+            else [OTHER_LAYERS[0], OTHER_LAYERS[2]]
+        case = data.draw(st.sampled_from(cases), label="other layer")
+        size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
+        kind = ErrorKind.LAYER_MISMATCH
+        if case == OTHER_LAYERS[0]:
+            layer = self.must("recreate the layer", lambda: self.adapter.recreate_layer(self.layer))
+        elif case == OTHER_LAYERS[1]:
+            rope = self.config.rope
+            assert rope is not None
+            other_rope = replace(rope, base=rope.base * 2)
+            layer = self.must("the layer under RoPE of base doubled",
+                              lambda: self.adapter.with_rope(self.layer, other_rope))
+            kind = ErrorKind.ROPE_MISMATCH
+        else:
+            self._update_weights(data)  # the running batch is stale; the batch to merge is not
+            layer, kind = self.layer, ErrorKind.REVISION_MISMATCH
+        other = self.must("create the ragged cache of the other layer", lambda: self._create(layer, size))
+        if case == OTHER_LAYERS[0] and data.draw(st.booleans(), label="tokens in the other"):
+            self._append(data, other, [CacheModel(self.weights, 1) for _ in range(size)], RAGGED[0],
+                         "append a ragged chunk to the batch of a recreated layer", layer=layer)
+        what = f"merge a batch of {size} rows bound to {case} into one of {[len(r.rows) for r in self.rows]}"
+        self.call(what, lambda: self.adapter.merge(self.cache, other), due=Due.check(kind),
+                  observe=lambda: self._observed(self.cache, what), replace=self._replace)
+        self.exercised(f"merge of a batch of another layer: {kind.value}")
 
     @rule(data=st.data(), requires=[Capability.BATCH_EXTRACT])
     def extract(self, data: Draws) -> None:
@@ -274,7 +444,13 @@ class BatchesMachine(ConformanceMachine):
         which later chunks and merges take. Rows that are not distinct ints in [0, B) (a repeat,
         negative, B or more, floats) are INVALID_INDICES where validates_indices is claimed."""
         size = len(self.rows)
-        case = data.optional(g.on_purpose(*FILTERS), "filters", FILTERS[0])
+        case = data.optional(g.on_purpose(*FILTERS_DRAWN), "filters", FILTERS[0])
+        if case == FILTERS[4]:  # two rows or more holding tokens, kept in another order than theirs
+            if self.largest < 2:
+                case = FILTERS[0]
+            else:
+                self._make_ragged(data)
+                size = len(self.rows)
         if case == FILTERS[3]:
             value: Any = data.draw(st.sampled_from(
                 [[-1], [size], np.zeros(size, dtype=np.float64), [0, 0]]),
@@ -285,6 +461,10 @@ class BatchesMachine(ConformanceMachine):
                 kept: list[int] = []
             elif case == FILTERS[1]:
                 kept = [data.draw(st.integers(0, size - 1), label="kept row")]
+            elif case == FILTERS[4]:
+                kept = data.draw(st.permutations(range(size)), label="order")
+                if kept == sorted(kept):
+                    kept.reverse()
             else:
                 kept = data.draw(st.permutations(range(size)), label="order")[:data.draw(
                     st.integers(0, size), label="kept")]
@@ -299,6 +479,8 @@ class BatchesMachine(ConformanceMachine):
             self.rows = [self.rows[b] for b in kept]
             self.exercised("filter to no rows" if not kept else "filter to one row" if len(kept) == 1
                            else "filter to rows")
+            if kept != sorted(kept) and len({len(self.rows[j].rows) for j in range(len(kept))}) > 1:
+                self.exercised("filter keeping rows of different lengths out of their order")
 
     # -- the batch operations of §13 on ragged rows ----------------------------------------------------
 
@@ -319,6 +501,53 @@ class BatchesMachine(ConformanceMachine):
                    lambda given: self.adapter.repeat_interleave(self.cache, given),
                    lambda: [b for b in range(len(self.rows)) for _ in range(int(repeats.value))])  # type: ignore
 
+    @rule(data=st.data(), requires=[Capability.BATCH_REORDER], when=lambda self: bool(self.rows))
+    def reorder(self, data: Draws) -> None:
+        """A reorder of ragged rows (§13.3: repeats and drops allowed): each row moves with its own tokens and
+        length. On purpose, one that moves a row of a batch whose rows differ in length (made so first)."""
+        moving = data.optional(g.on_purpose("any indices", "a reorder moving ragged rows"), "reorders",
+                               "any indices") != "any indices" and self.largest >= 2
+        if moving:
+            self._make_ragged(data)
+        size = len(self.rows)
+        indices = data.draw(g.rearranging_reorders(size) if moving else g.batch_indices(size), label="indices")
+        problem = g.indices_problem(indices.value, size)
+        lengths = [len(r.rows) for r in self.rows]
+        self._pick(f"reorder the ragged rows {indices.description}", indices.value, problem,
+                   lambda given: self.adapter.reorder(self.cache, given),
+                   lambda: [int(i) for i in np.asarray(indices.value)])
+        if problem is None and [lengths[int(i)] for i in np.asarray(indices.value)] != lengths:
+            self.exercised("reorder moving rows of different lengths")
+
+    @rule(data=st.data(), requires=[Capability.FORK])
+    def fork(self, data: Draws) -> None:
+        """A copy of the ragged batch showing exactly its rows; the machine goes on with either and sets the other
+        aside: whatever is written to the one it goes on with never shows in the one set aside."""
+        what = f"fork a ragged batch of rows of {[len(r.rows) for r in self.rows]} tokens"
+        forked = self.call(what, lambda: self.adapter.fork(self.cache)).value
+        rows = [row.copy() for row in self.rows]
+        self._rows_match(forked, rows, f"{what}: the fork")
+        if data.draw(st.booleans(), label="go on with the fork"):
+            self.aside = (self.cache, self._observed(self.cache, f"{what}: the original set aside"))
+            self.cache, self.rows = forked, rows
+        else:
+            self.aside = (forked, self._observed(forked, f"{what}: the fork set aside"))
+        if len({len(r.rows) for r in self.rows}) > 1:
+            self.exercised("fork of rows at different offsets")
+
+    aside: tuple[Any, Observed] | None = None  # the batch a fork set aside, and what it showed then
+    window: int | None = None  # each row's window (drawn at set-up where sliding_window_layer is declared)
+
+    @invariant()
+    def the_batch_set_aside_is_unchanged(self) -> None:
+        """A fork and its original are independent: the one set aside shows, bit for bit, what it showed then."""
+        if self.aside is None:
+            return
+        cache, then = self.aside
+        what = "the batch set aside at the last fork"
+        unchanged(then, self._observed(cache, what), what, kind="fork not independent",
+                  because="a write to a fork or its original must not show in the other")
+
     def _pick(self, what: str, argument: object, problem: ErrorKind | None, action: Any, picked: Any) -> None:
         handed = Inputs()
         given = handed("indices", argument)
@@ -327,12 +556,18 @@ class BatchesMachine(ConformanceMachine):
         if judged.to_judge and problem is None:
             self.rows = [self.rows[b].copy() for b in picked()]
 
-    @rule(data=st.data(), requires=[Capability.TRUNCATE])
+    @rule(data=st.data(), requires=[Capability.TRUNCATE], when=lambda self: self.window is None)
     def truncate(self, data: Draws) -> None:
         """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; an invalid n is
         INVALID_LENGTH where validates_length is claimed."""
-        longest = max([len(row.rows) for row in self.rows], default=0)
-        n = data.draw(g.truncation_lengths(longest), label="n")
+        between = data.optional(g.on_purpose("any n", "between two rows' lengths"), "cuts", "any n") != "any n"
+        if between and self.largest >= 2:
+            self._make_ragged(data)
+        held = sorted(len(row.rows) for row in self.rows)
+        longest = max(held, default=0)
+        gaps = [n for n in range(1, longest) if held[0] < n < longest]
+        n = (data.draw(st.sampled_from(gaps).map(lambda v: g.Argument(v, None, f"n = {v}")), label="n between")
+             if between and gaps else data.draw(g.truncation_lengths(longest), label="n"))
         what = f"truncate ragged rows of {[len(r.rows) for r in self.rows]} tokens to {n.value!r}"
         judged = self.call(what, lambda: self.adapter.truncate(self.cache, n.value),
                            due=Due.check(g.length_problem(n.value, longest)),
@@ -360,6 +595,9 @@ class BatchesMachine(ConformanceMachine):
     def update_weights_in_place(self, data: Draws) -> None:
         """An optimiser-like write into the layer's parameters: the batch is stale, its chunks REVISION_MISMATCH
         where binding_checks is claimed."""
+        self._update_weights(data)
+
+    def _update_weights(self, data: Draws) -> None:
         new = data.draw(g.weight_updates(self.weights), label="new weights")
         handed = Inputs()
         given = handed("weights", new)
@@ -382,7 +620,8 @@ class BatchesMachine(ConformanceMachine):
         rows = expect_success(raw_call(self.adapter, f"{what}: ragged snapshot",
                                        lambda: self.adapter.ragged_snapshot(cache)), f"{what}: ragged snapshot")
         try:
-            return [(np.array(row.keys), np.array(row.values)) for row in rows]
+            return [(np.array(row.keys), np.array(row.values),
+                     None if getattr(row, "positions", None) is None else np.array(row.positions)) for row in rows]
         except (AttributeError, TypeError) as error:
             raise NonConformance(f"{what}: a ragged snapshot is one object with keys and values per row: {error}",
                                  kind="malformed snapshot") from error
@@ -391,8 +630,10 @@ class BatchesMachine(ConformanceMachine):
         seen: dict[str, Any] = {}
         rows = self._snapshot(cache, what)
         seen["rows"] = len(rows)
-        for b, (keys, values) in enumerate(rows):
+        for b, (keys, values, positions) in enumerate(rows):
             seen[f"row {b} keys"], seen[f"row {b} values"] = keys, values
+            if positions is not None:
+                seen[f"row {b} positions"] = positions
         return seen
 
     def _rows_match(self, cache: Any, rows: list[CacheModel], what: str) -> None:
@@ -401,19 +642,40 @@ class BatchesMachine(ConformanceMachine):
             raise NonConformance(f"{what}: {len(shown)} rows shown, but the batch has {len(rows)}",
                                  kind="wrong batch size", check="batch size")
         kv, dh = self.config.weights.kv_heads, self.config.weights.head_width
-        for b, ((keys, values), row) in enumerate(zip(shown, rows)):
+        for b, ((keys, values, positions), row) in enumerate(zip(shown, rows)):
+            at = self._positions_shown(positions, keys, row, f"{what}: row {b}")
             held, held_keys = self.oracle.held(row), self.oracle.held_keys(row)
             for name, actual, reference in (("keys", keys, held_keys), ("values", values, held)):
-                shape = (kv, len(row.rows), dh)
+                rope = self.oracle.unrotated if name == "keys" and reference is not held else None
+                shape = (kv, len(at), dh)
                 if actual.shape != shape:
                     raise NonConformance(f"{what}: row {b} shows {name} of shape {actual.shape}, but it holds "
-                                         f"{len(row.rows)} tokens: {shape}", kind="wrong row length",
-                                         check=f"cached {name}")
+                                         f"{len(row.rows)} tokens, {len(at)} shown: {shape}",
+                                         kind="wrong row length", check=f"cached {name}")
                 if reference is None:
                     continue
-                expected, tolerance = self.judge.bound(reference, lambda t: getattr(t, name)[0])
+                steps = self.oracle.steps(row, reference, name, rope)  # a declared storage's step per element
+                expected, tolerance = self.judge.rows_bound(reference, lambda t: getattr(t, name)[0][:, at],
+                                                            None if steps is None else steps[0][:, at])
                 self.judge.close(actual, expected, tolerance, what=f"{what}: row {b}'s cached {name}",
                                  check=f"cached {name}", axes=("head", "position", "feature"))
+
+    def _positions_shown(self, positions: np.ndarray | None, keys: np.ndarray, row: CacheModel,
+                         what: str) -> np.ndarray:
+        """The positions a row shows: all of its tokens ``0 .. n - 1`` where it gives none; under a window, those
+        it gives, which must be distinct, increasing, below its length, and hold every position its next query
+        sees (docs/spec.md §13.5, §13.8)."""
+        length = len(row.rows)
+        if positions is None:
+            return np.arange(length)
+        visible = range(max(0, length - self.window + 1), length) if self.window else range(length)
+        if positions.ndim != 1 or positions.dtype.kind not in "iu" or positions.size != keys.shape[1] or (
+                positions.size and (np.any(np.diff(positions) <= 0) or positions[0] < 0
+                                    or positions[-1] >= length)) or not set(visible) <= set(positions.tolist()):
+            raise NonConformance(f"{what} shows positions {positions.tolist()!r} of {length} tokens, but must show "
+                                 f"{list(visible)} at least, increasing, below {length}", kind="wrong positions",
+                                 check="positions")
+        return positions.astype(np.int64)
 
     @invariant()
     def rows_match_oracle(self) -> None:

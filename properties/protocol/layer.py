@@ -118,11 +118,13 @@ class CacheOperations(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class RowSnapshot:
-    """One row of a ragged batch, as copies: its own ``keys`` (as §3 says) and ``values`` ``[KV, n, dh]``, its
-    ``n`` tokens at positions ``0 .. n - 1``, never padding (docs/spec.md §13.8)."""
+    """One row of a ragged batch, as copies: its own ``keys`` (as §3 says) and ``values`` ``[KV, m, dh]``, never
+    padding (docs/spec.md §13.8): its ``n`` tokens at positions ``0 .. n - 1``; or, for a window cache that lets
+    tokens go, the ``m`` it holds at their ``positions [m]`` (oldest first; None: every token, ``0 .. n - 1``)."""
 
     keys: np.ndarray
     values: np.ndarray
+    positions: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -131,8 +133,10 @@ class RaggedBatches(Protocol):
     each under its own capability. ``reset``, ``truncate``, ``select`` and ``repeat_interleave`` take a ragged
     cache too where their capabilities are declared."""
 
-    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int) -> Any:
-        """``ragged_rows``: a cache of ``batch_size`` empty rows, each of room for ``capacity`` tokens."""
+    def create_ragged_cache(self, layer: Any, batch_size: int, capacity: int, window: int | None = None) -> Any:
+        """``ragged_rows``: a cache of ``batch_size`` empty rows, each of room for ``capacity`` tokens; with
+        ``sliding_window_layer``, handed ``window=W`` (only where it is drawn): each row a window cache of its own
+        tokens (docs/spec.md §13.8)."""
 
     def append_ragged(self, layer: Any, cache: Any, x: np.ndarray, lengths: Any) -> np.ndarray:
         """``ragged_rows``: row ``b`` appends its last ``lengths[b]`` rows of ``x [B, T, D]`` (left padding before
