@@ -292,6 +292,11 @@ def test_malformed_rows_on_purpose_are_valid_rows_as_lists_and_single_rows_into_
         made = [what for r, what, s in Seen.calls if r.startswith("append_malformed_row") and what.startswith("append")
                 and s["draws"].get("malformed") == case and s["batch"] >= 2]  # a batch of 1: any malformed row
         assert len(made) >= 3 and all(what.startswith(shown) and f"({kind.value})" in what for what in made), made
+    # into a cache of one row, the batch case hands two or three valid rows instead (a write of the first rows)
+    larger = [what for r, what, s in Seen.calls if r.startswith("append_malformed_row") and what.startswith("append")
+              and s["draws"].get("malformed") == MALFORMED[2] and s["batch"] == 1]
+    shapes = ("append float64 array of shape (2, 1, ", "append float64 array of shape (3, 1, ")
+    assert len(larger) >= 3 and all(what.startswith(shapes) for what in larger), larger
 
 
 @pytest.mark.slow
@@ -504,6 +509,15 @@ def test_single_rows_into_a_batch_are_wrong_in_the_batch_only(batch: int, width:
     assert drawn.kind == ErrorKind.BATCH_MISMATCH and drawn.problems == (ErrorKind.BATCH_MISMATCH.value,)
     assert isinstance(drawn.value, np.ndarray) and drawn.value.shape == (1, 1, width)
     assert drawn.value.dtype == np.float64
+
+
+@settings(max_examples=40, database=None, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 8), st.data())
+def test_larger_batches_of_rows_are_wrong_in_the_batch_only(batch: int, width: int, data: st.DataObject) -> None:
+    drawn = data.draw(g.larger_batches_of_rows(batch, width))
+    assert drawn.kind == ErrorKind.BATCH_MISMATCH and drawn.problems == (ErrorKind.BATCH_MISMATCH.value,)
+    assert isinstance(drawn.value, np.ndarray) and drawn.value.dtype == np.float64
+    assert drawn.value.shape[0] in (batch + 1, batch + 2) and drawn.value.shape[1:] == (1, width)
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
