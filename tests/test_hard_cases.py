@@ -24,7 +24,7 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from impl.conformance import make_full_declaration_adapter
+from impl.conformance import make_cached_first_paged_adapter, make_full_declaration_adapter
 from kvcache_conformance import generate as g
 from kvcache_conformance.judge.policy import Judged
 from kvcache_conformance.machines.layer import GROUPINGS, LayerCacheMachine
@@ -52,7 +52,7 @@ from kvcache_conformance.machines.session import (
 from kvcache_conformance.protocol.kinds import ErrorKind
 from kvcache_conformance.protocol.paged import HIT_LIMITS, PagedPolicy
 from kvcache_conformance.run import profiles
-from kvcache_conformance.run.runner import without_local_constants
+from kvcache_conformance.run.runner import run_machine, without_local_constants
 
 EXAMPLES = 200  # twice the dev profile's: a case drawn in a quarter of its rule's calls is met well past three times
 # The rejection rules of the layer machines, each drawing (its "meets" draw) an empty cache or one holding rows.
@@ -292,6 +292,11 @@ def test_malformed_rows_on_purpose_are_valid_rows_as_lists_and_single_rows_into_
         made = [what for r, what, s in Seen.calls if r.startswith("append_malformed_row") and what.startswith("append")
                 and s["draws"].get("malformed") == case and s["batch"] >= 2]  # a batch of 1: any malformed row
         assert len(made) >= 3 and all(what.startswith(shown) and f"({kind.value})" in what for what in made), made
+    # into a cache of one row, the batch case hands two or three valid rows instead (a write of the first rows)
+    larger = [what for r, what, s in Seen.calls if r.startswith("append_malformed_row") and what.startswith("append")
+              and s["draws"].get("malformed") == MALFORMED[2] and s["batch"] == 1]
+    shapes = ("append float64 array of shape (2, 1, ", "append float64 array of shape (3, 1, ")
+    assert len(larger) >= 3 and all(what.startswith(shapes) for what in larger), larger
 
 
 @pytest.mark.slow
@@ -378,6 +383,21 @@ def test_paged_hits_survive_the_hit_limit_and_reach_blocks_an_append_filled() ->
              and what.startswith("add") and "'X'" in what and s["reused"] > 0]
     assert len(keyed) >= 3, keyed  # the prompt with the grown sequence's keys hits the block its append filled
     assert hits("add_a_duplicate_then_evict_a_copy") >= 3
+
+
+@pytest.mark.slow
+def test_paged_duplicates_meet_the_later_copy_cached_and_nothing_else_free_or_cached() -> None:
+    """Under hit_copy cached_first, the duplicates rule sets up on purpose the state that tells which copy a hit
+    takes: the later copy cached, the earlier in use, no other block free or cached (older cached blocks evicted by
+    its fillers), where the extension is refused full -- a pool falling back to the in-use copy goes ahead."""
+    settings = profiles.settings_for("dev", database=None, max_examples=EXAMPLES // 2, derandomize=True)
+    result = run_machine("paged", make_cached_first_paged_adapter(), property_id="tests::paged_duplicates",
+                         settings=settings)
+    assert result.failure is None, result.failure
+    rule = "with_duplicates_hit_a_cached_and_an_in_use_copy"
+    counts = result.exercise.counts
+    assert counts[(rule, "later copy cached, nothing else")] >= 3, sorted(counts.items())
+    assert counts[(rule, "pool full")] >= 3, sorted(counts.items())
 
 
 # Each machine run the floors are stated for: the window run draws rules the full one does not, and skips others.
@@ -489,6 +509,15 @@ def test_single_rows_into_a_batch_are_wrong_in_the_batch_only(batch: int, width:
     assert drawn.kind == ErrorKind.BATCH_MISMATCH and drawn.problems == (ErrorKind.BATCH_MISMATCH.value,)
     assert isinstance(drawn.value, np.ndarray) and drawn.value.shape == (1, 1, width)
     assert drawn.value.dtype == np.float64
+
+
+@settings(max_examples=40, database=None, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 8), st.data())
+def test_larger_batches_of_rows_are_wrong_in_the_batch_only(batch: int, width: int, data: st.DataObject) -> None:
+    drawn = data.draw(g.larger_batches_of_rows(batch, width))
+    assert drawn.kind == ErrorKind.BATCH_MISMATCH and drawn.problems == (ErrorKind.BATCH_MISMATCH.value,)
+    assert isinstance(drawn.value, np.ndarray) and drawn.value.dtype == np.float64
+    assert drawn.value.shape[0] in (batch + 1, batch + 2) and drawn.value.shape[1:] == (1, width)
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")

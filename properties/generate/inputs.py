@@ -156,5 +156,15 @@ def single_rows_into_a_batch(draw: st.DrawFn, batch_size: int, model_width: int)
     return MalformedRow(values, problems, f"float64 array of shape {values.shape} ({problems[0]})")
 
 
+@st.composite
+def larger_batches_of_rows(draw: st.DrawFn, batch_size: int, model_width: int) -> MalformedRow:
+    """``B + 1`` or ``B + 2`` valid float64 rows ``[B', 1, D]`` into a cache of ``batch_size`` rows: BATCH_MISMATCH
+    alone -- a write of the first ``B`` rows takes it (where ``B`` is 1, no single row is wrong)."""
+    larger = draw(st.integers(batch_size + 1, batch_size + 2), label="batch")
+    values = draw(rows(larger, model_width), label="values")
+    problems = (ErrorKind.BATCH_MISMATCH.value,)
+    return MalformedRow(values, problems, f"float64 array of shape {values.shape} ({problems[0]})")
+
+
 def _tuples(value: object) -> object:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -40,8 +40,9 @@ MEETS = ("the cache as it is", "an empty cache", "a cache holding rows")
 # the output stays finite, so only a check of the scores shows it (a lone -inf, or a +inf, makes the output NaN).
 SCORE_MEETS = ("any overflowing score", "a -inf score beside rows held")
 # Which malformed row a step is handed: any (one or several problems), or on purpose one that a converting or
-# broadcasting cache takes -- a valid row as nested lists, one row into a batch of 2 or more (a plain draw where the
-# batch is 1). Among every malformed row, each is about one in a hundred.
+# broadcasting cache takes -- a valid row as nested lists, one row into a batch of 2 or more (where the batch is 1,
+# two or three valid rows, which a write of the first rows takes). Among every malformed row, each is about one in a
+# hundred.
 MALFORMED = ("any malformed row", "a valid row as nested lists", "one row into a larger batch")
 
 # A windowed run leaves out the rules about other layers and extreme rows, which the full runs cover: its steps
@@ -288,8 +289,9 @@ class LayerSteps(ConformanceMachine):
         case = data.optional(g.on_purpose(*MALFORMED), "malformed", MALFORMED[0])  # older traces: any
         if case == MALFORMED[1]:
             strategy = g.rows_as_lists(batch, width)
-        elif case == MALFORMED[2] and batch >= 2:
-            strategy = g.single_rows_into_a_batch(batch, width)
+        elif case == MALFORMED[2]:
+            strategy = (g.single_rows_into_a_batch(batch, width) if batch >= 2
+                        else g.larger_batches_of_rows(batch, width))
         else:
             strategy = g.malformed_rows(batch, width)
         bad = data.draw(strategy, label="malformed row")

@@ -744,8 +744,8 @@ class PagedCacheMachine(ConformanceMachine):
             if sequence in self.live:
                 self._free(sequence)
 
-    @rule(data=st.data(), when=lambda self: self.policy.duplicates == "registered" and not self.state.cached
-          and self.state.free >= 2, relies_on=[DUPLICATES])
+    @rule(data=st.data(), when=lambda self: self.policy.duplicates == "registered" and self.state.free >= 2,
+          relies_on=[DUPLICATES])
     def with_duplicates_hit_a_cached_and_an_in_use_copy(self, data: Draws) -> None:
         """A prompt of whole blocks added twice (its last block recomputed: a registered duplicate), one of the two
         freed, the pool perhaps filled, then the prompt extended: its hit has a cached and an in-use copy to take
@@ -754,22 +754,44 @@ class PagedCacheMachine(ConformanceMachine):
                          label="full blocks")
         tokens = data.draw(g.token_lists(self.config.vocab, full * self.block_size, full * self.block_size),
                            label="tokens")
+        # On purpose, the one state that tells which copy a hit takes and whether a short pool is refused: the copy
+        # registered later cached, the earlier one in use (the first registered, which a pool serving the first copy
+        # takes), and nothing else free or cached, every earlier cached block evicted by the fillers while both
+        # copies are in use; the extension's new block then fits only by taking the in-use copy, and under
+        # "cached_first" full is due.
+        case = data.optional(g.on_purpose("as drawn", "later copy cached, nothing else"), "copies",
+                             "as drawn")
         added = [self._add(tokens, SCOPES[0], 0), self._add(tokens, SCOPES[0], 0)]
         added = [q for q in added if q is not None and q in self.live]  # None: refused
-        if added:
-            self._free(added[data.choose(range(len(added)), "freed")])
         fillers = []
-        # On purpose, the pool filled to its last free block: the cached copy alone then leaves no room for the
-        # extension's new block, and only the in-use copy would (full is due under "cached_first").
-        exactly = data.optional(g.on_purpose("filled as drawn", "filled exactly"), "fill", "filled as drawn")
-        while (exactly == "filled exactly" or data.draw(st.booleans(), label="fill the pool")) and self.state.free:
-            room = min(MAX_LENGTH, self.state.free * self.block_size)  # free blocks only: no eviction
-            filler = data.draw(g.token_lists(self.config.vocab, room if exactly == "filled exactly" else 1, room),
-                               label="filler")
-            before = self.state.free
-            fillers.append(self._add(filler, SCOPES[1], 0))
-            if self.state.free == before:  # refused: the pool is as full as an add can make it
-                break
+        if case == "as drawn":
+            if added:
+                self._free(added[data.choose(range(len(added)), "freed")])
+            # On purpose, the pool filled to its last free block: the cached copy alone then leaves no room for the
+            # extension's new block, and only the in-use copy would (full is due under "cached_first").
+            exactly = data.optional(g.on_purpose("filled as drawn", "filled exactly"), "fill", "filled as drawn")
+            while (exactly == "filled exactly" or data.draw(st.booleans(), label="fill the pool")) and self.state.free:
+                room = min(MAX_LENGTH, self.state.free * self.block_size)  # free blocks only: no eviction
+                filler = data.draw(g.token_lists(self.config.vocab, room if exactly == "filled exactly" else 1, room),
+                                   label="filler")
+                before = self.state.free
+                fillers.append(self._add(filler, SCOPES[1], 0))
+                if self.state.free == before:  # refused: the pool is as full as an add can make it
+                    break
+        else:
+            for _ in range(self.num_blocks + 1):  # every add takes a free or cached block
+                if not self.state.free and not self.state.cached:
+                    break
+                room = min(MAX_LENGTH, (self.state.free + len(self.state.cached)) * self.block_size)
+                before = self.state
+                fillers.append(self._add(data.draw(g.token_lists(self.config.vocab, room, room), label="filler"),
+                                         SCOPES[1], 0))
+                if self.state == before:  # refused
+                    break
+            if added:
+                self._free(added[-1])
+            if len(added) == 2 and not self.state.free and len(self.state.cached) == 1:
+                self.exercised("later copy cached, nothing else")
         self._add([*tokens, data.draw(st.integers(0, self.config.vocab - 1), label="extension")], SCOPES[0], 0)
         for sequence in fillers:
             if sequence in self.live:
