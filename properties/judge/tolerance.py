@@ -66,7 +66,8 @@ bare at position 0), take a floor of 0.51 ulps, error / tolerance 0.11.
   may have, estimated as the dtype rule estimates it, every stored element
   carrying the error any correct store may have there
   (``oracle.rounding.EstimatedStorage``; a key once more per move), plus
-  ``FLOOR_ULPS`` ulps of the dtype at that token's logits: one naive
+  ``STORAGE_FLOOR_UNITS`` units of the format and ``FLOOR_ULPS`` ulps of
+  the dtype at that token's logits: one naive
   evaluation over one store was lucky on some inputs (honest engines failed
   1 to 3 of 16 random seeds). ``python bench/run.py --only storage-margins``.
 
@@ -189,7 +190,8 @@ class Judge:
             return (f"{self.dtype} computation, K/V stored as {self._storage_words}: each token's |error| <= "
                     f"{FACTOR:g} x the largest error any correct evaluation of its logits may have (estimated from "
                     f"each step's condition: every stored element off by up to half a step, a key once per move, "
-                    f"the {self.dtype} rounding of every operation)"
+                    f"the {self.dtype} rounding of every operation) + {STORAGE_FLOOR_UNITS:g} "
+                    f"{self.storage.format} unit(s)"
                     + (f" + {FLOOR_ULPS:g} {self.dtype} ulps" if self.dtype != "float64" else f" + {ABSOLUTE:.0e}")
                     + f" at its logits' magnitude, against the {self.oracle.name} oracle")
         if self.storage is not None:
