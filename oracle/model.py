@@ -205,9 +205,14 @@ class Model:
         scale = numbers.sqrt(numbers.number(float(dh)))
         merged: Vector = []  # [H*dh]
         kv_heads = range(config.kv_heads)
+        # an estimate of any store's error (EstimatedStorage) counts a key once per quantization, and each stored
+        # element once per query head reading it: the heads' terms are one error, added up (at most sqrt(G) times
+        # their independent sum, by Cauchy-Schwarz)
+        group = config.group_size
         stored_keys = [self._stored_heads([rope_rotate(_head(cell.keys[layer], g, dh), cell.position, rope, numbers)
-                                           for g in kv_heads], 1 + cell.moves) for cell in seen]
-        stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads]) for cell in seen]
+                                           for g in kv_heads], (1 + cell.moves) * group) for cell in seen]
+        stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads], group)
+                         for cell in seen]
         for h in range(config.heads):
             g = h // config.group_size
             q = rope_rotate(_head(query, h, dh), position, rope, numbers)
@@ -239,7 +244,7 @@ class Model:
 
     def _stored_heads(self, heads: list[Vector], times: int = 1) -> list[Vector]:
         """What the cache holds of one token's kv head rows (rotated keys, or values), head by head; ``times``: the
-        quantizations the row may have undergone (an estimate of any correct store's error counts them)."""
+        weight of an estimate of any correct store's error (``EstimatedStorage``: sqrt(times) its bound)."""
         storage = self.kv_storage
         if storage is None:
             return heads
