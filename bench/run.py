@@ -47,6 +47,8 @@
 - margins: the float32 family (tests/float32_family.py: correct float32 layer caches and whole models differing
   in summation order, blocking and fusion) under --seeds random seeds each (dev profile, no example database, as
   users run): per member and rule, runs, failing seeds, the worst error / tolerance, CPU seconds.
+- storage-margins (also printed after margins): the storage rules' margins, each honest storage declaration (a whole
+  model's kv_storage, docs/spec.md §15.6; a layer's storage, §13.6) under --seeds random seeds of its machine.
 - causes: a mutant with three bugs (two failing one claimed check in two ways, one behind them) under the
   plain command on the window operations property: the causes each of 3 runs finds, with their traces.
 - chains: the model machine with the reference's full declaration, 20 random dev runs: each chain case's
@@ -657,6 +659,53 @@ def bench_margins(seeds: int = 20) -> None:
                   f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}")
         print(f"  ({kind} rule: {rule})")
     print(f"(failing runs' traces under {directory})")
+    bench_storage_margins(seeds)
+
+
+# the honest storage declarations of tests/lattice.py: a whole model's kv_storage (docs/spec.md §15.6's estimate)
+STORAGE_MODEL_VARIANTS = ("model-float32-kv-float16", "model-float32-kv-q8_0", "model-float32-kv-q4_0",
+                          "model-float32-kv-q8_0-row", "model-float32-kv-q4_0-row", "model-float32-kv-uint4-groups",
+                          "model-float32-kv-uint4-extreme")
+# and a layer's storage (§13.6's naive baseline), the reference's quantized caches and the lattice's
+STORAGE_LAYER_VARIANTS = ("make_fp8_adapter", "make_int8_adapter", "make_float16_adapter", "make_uint4_group_adapter",
+                          "storage-uint4-groups-of-32", "storage-uint4-zero-point-level",
+                          "storage-uint4-zero-point-extreme")
+
+
+def bench_storage_margins(seeds: int = 20, names: tuple[str, ...] | None = None) -> None:
+    """The storage rules' margins: each honest storage declaration under ``seeds`` searches (dev profile, random
+    seeds, no example database) of the model machine (a whole model's ``kv_storage``) or the layer cache machine
+    (a layer's ``storage``): runs, failing seeds, worst and median error / tolerance, CPU seconds."""
+    import impl.conformance
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+    from tests.lattice import variant
+
+    chosen = names or (*STORAGE_MODEL_VARIANTS, *STORAGE_LAYER_VARIANTS)
+    directory = Path(tempfile.mkdtemp())
+    print(f"storage rules, {seeds} random seeds per declaration (profile dev, no example database)")
+    print(f"{'machine':12} {'declaration':32} {'runs':>6} {'failed':>6} {'margin':>7} {'median':>7} {'error':>9} "
+          f"{'tolerance':>9} {'CPU s':>7}  first failure")
+    for name in chosen:
+        machine = "model" if name.startswith("model-") else "layer_cache"
+        runs = failed = 0
+        worst, first, cpu, margins, rule = (0.0, 1.0), "", time.process_time(), [], ""
+        for seed in range(seeds):
+            adapter = getattr(impl.conformance, name)() if name.startswith("make_") else variant(name)
+            settings = profiles.settings_for("dev", database=None, derandomize=False, deadline=None)
+            result = run_machine(machine, adapter, property_id=f"bench::storage::{name}::{seed}", settings=settings,
+                                 trace_dir=directory / f"{name}-{seed}", shrink_seconds=2.0)
+            runs, rule = runs + result.runs, result.rule or rule
+            worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
+            margins.append(result.worst[0] / result.worst[1])
+            if result.failure is not None:
+                failed += 1
+                first = first or str(result.failure).splitlines()[0][:100]
+        middle = statistics.median(margins)
+        print(f"{machine:12} {name:32} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {middle:7.3f} {worst[0]:9.2e} "
+              f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}", flush=True)
+        print(f"  ({rule})")
+    print(f"(failing runs' traces under {directory})")
 
 
 def bench_chains(seeds: int = 20) -> None:
@@ -696,7 +745,8 @@ def bench_shipped() -> None:
 BENCHES = {"step": bench_step, "prefill": bench_prefill, "store": bench_store, "suite": bench_suite,
            "mutants": bench_mutants, "first-failure": bench_first_failure, "tolerance": bench_tolerance,
            "mixed": bench_mixed, "traces": bench_traces, "operations": bench_operations, "storage": bench_storage,
-           "causes": bench_causes, "margins": bench_margins, "chains": bench_chains, "shipped": bench_shipped,
+           "causes": bench_causes, "margins": bench_margins,
+           "storage-margins": bench_storage_margins, "chains": bench_chains, "shipped": bench_shipped,
            "power": bench_power}
 ON_REQUEST = ("shipped", "power")  # hours, not minutes: only with --only
 
@@ -713,7 +763,7 @@ def main() -> None:
         if name == "power":
             bench_power(arguments.seeds, arguments.mutants.split(",") if arguments.mutants else None)
         else:
-            BENCHES[name](**({"seeds": arguments.seeds} if name in ("margins", "chains") else {}))
+            BENCHES[name](**({"seeds": arguments.seeds} if name in ("margins", "chains", "storage-margins") else {}))
         print()
 
 

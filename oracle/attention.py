@@ -84,9 +84,13 @@ def softmax(scores: Vector, numbers: NumberSystem) -> Vector:
     inner = numbers.component("softmax")
     if inner is not numbers:
         return _convert(softmax(_convert(scores, numbers, inner), inner), inner, numbers)
+    if numbers.softmax is not None:
+        return numbers.softmax(list(scores))
     peak = max(scores)
     exps = [numbers.exp(score - peak) for score in scores]
     total = sum(exps[1:], start=exps[0])
+    if numbers.within is not None:  # a probability: within [0, 1] however uncertain the scores
+        return [numbers.within(e / total, 1.0) for e in exps]
     return [e / total for e in exps]
 
 

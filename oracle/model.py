@@ -32,10 +32,11 @@ from .attention import Vector, rope_rotate, softmax
 from .config import OracleInputError
 from .model_config import ContextConfig, ModelBatch, ModelConfig, ModelWeights
 from .numbers import FLOAT64, NumberSystem
+from .rounding import EstimatedStorage
 from .storage import BLOCK, BLOCK_FORMATS, StorageFormat
 
 Matrix = list[Vector]  # (out, in): row o holds the weights of output o
-KvStorage = Callable[[Vector], Vector]  # a rotated key or a value head row -> what the cache holds of it
+KvStorage = Callable[..., Vector]  # a rotated key or a value head row -> what the cache holds of it
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ def rms_norm(x: Vector, weight: Vector, eps: float, numbers: NumberSystem) -> Ve
         return [numbers.number(inner.to_float(v / scale)) * w for v, w in zip(low, weight)]
     mean_square = _dot(x, x) / len(x)
     scale = numbers.sqrt(mean_square + numbers.number(eps))
+    if numbers.within is not None:  # |x_i| <= sqrt(len(x) * mean_square): every output within sqrt(len(x)) |w_i|
+        reach = math.sqrt(len(x))
+        return [numbers.within(v / scale * w, w * reach) for v, w in zip(x, weight)]
     return [v / scale * w for v, w in zip(x, weight)]
 
 
@@ -201,12 +205,19 @@ class Model:
         scale = numbers.sqrt(numbers.number(float(dh)))
         merged: Vector = []  # [H*dh]
         kv_heads = range(config.kv_heads)
+        # an estimate of any store's error (EstimatedStorage) counts a key once per quantization, and each stored
+        # element once per query head reading it: the heads' terms are one error, added up (at most sqrt(G) times
+        # their independent sum, by Cauchy-Schwarz)
+        group = config.group_size
         stored_keys = [self._stored_heads([rope_rotate(_head(cell.keys[layer], g, dh), cell.position, rope, numbers)
-                                           for g in kv_heads]) for cell in seen]
-        stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads]) for cell in seen]
+                                           for g in kv_heads], (1 + cell.moves) * group) for cell in seen]
+        stored_values = [self._stored_heads([_head(cell.values[layer], g, dh) for g in kv_heads], group)
+                         for cell in seen]
         for h in range(config.heads):
             g = h // config.group_size
             q = rope_rotate(_head(query, h, dh), position, rope, numbers)
+            if isinstance(self.kv_storage, EstimatedStorage):
+                q = self.kv_storage.query(q)
             keys = [heads[g] for heads in stored_keys]
             values = [heads[g] for heads in stored_values]
             weights = softmax([_dot(q, k) / scale for k in keys], numbers)
@@ -231,14 +242,20 @@ class Model:
         x = rms_norm(hidden, self.output_norm, self.config.norm_eps, self.numbers)
         return matvec(self.output, x)
 
-    def _stored_heads(self, heads: list[Vector]) -> list[Vector]:
-        """What the cache holds of one token's kv head rows (rotated keys, or values), head by head."""
+    def _stored_heads(self, heads: list[Vector], times: int = 1) -> list[Vector]:
+        """What the cache holds of one token's kv head rows (rotated keys, or values), head by head; ``times``: the
+        weight of an estimate of any correct store's error (``EstimatedStorage``: sqrt(times) its bound)."""
         storage = self.kv_storage
         if storage is None:
             return heads
-        if not isinstance(storage, WholeRowStorage):
+        if isinstance(storage, EstimatedStorage):
+            if not storage.whole_row:
+                return [storage(row, times) for row in heads]
+            whole = storage([v for row in heads for v in row], times)
+        elif not isinstance(storage, WholeRowStorage):
             return [storage(row) for row in heads]
-        whole = storage([v for row in heads for v in row])
+        else:
+            whole = storage([v for row in heads for v in row])
         dh = self.config.head_width
         return [whole[g * dh:(g + 1) * dh] for g in range(len(heads))]
 
@@ -261,6 +278,7 @@ class Cell:
     # in a model of windowed and global layers, the sequences whose windowed store evicted this cell: their windowed
     # layers no longer see it, their global layers still do (llama.cpp's iswa keeps it in its full store)
     window_gone: set[int] = field(default_factory=set)
+    moves: int = 0  # shifts and divides that moved it: an engine storing rotated keys re-quantizes each time
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,6 +291,7 @@ class SavedSequence:
     uncertain: tuple[bool, ...] = ()
     filled: bool = False
     window_gone: tuple[bool, ...] = ()  # each cell evicted from the windowed store only (global layers keep it)
+    moves: tuple[int, ...] = ()  # each cell's moves (Cell.moves)
 
 
 def open_range(p0: int, p1: int) -> tuple[int, float]:
@@ -591,7 +610,7 @@ class CellContext:
                 cell.window_gone |= gone
             else:
                 self.store_of(dst).append(Cell(cell.position, cell.token, cell.keys, cell.values, {dst}, unseen,
-                                               gone))
+                                               gone, cell.moves))
         evicted = {p for p in self.evicted.get(src, ()) if low <= p < high}  # what the copy lacks, dst lacks too
         if evicted:
             self.evicted.setdefault(dst, set()).update(evicted)
@@ -628,6 +647,7 @@ class CellContext:
         self.moved_unseen = any(seq in cell.uncertain and len(cell.sequences) > 1 for cell in moved)
         for cell in moved:
             cell.position += delta
+            cell.moves += delta != 0
             if cell.position < 0:
                 cell.sequences = set()
                 cell.uncertain = set()
@@ -648,6 +668,7 @@ class CellContext:
             if seq in cell.sequences and low <= cell.position < high:
                 self.moved_unseen |= seq in cell.uncertain and len(cell.sequences) > 1 and cell.position // d != \
                     cell.position
+                cell.moves += cell.position // d != cell.position
                 cell.position //= d
         if seq in self.evicted:
             self.evicted[seq] = {p // d if low <= p < high else p for p in self.evicted[seq]}
@@ -658,7 +679,8 @@ class CellContext:
         cells = self.cells_of(seq)
         return SavedSequence(tuple((c.position, c.token, c.keys, c.values) for c in cells),
                              frozenset(self.evicted.get(seq, ())), tuple(seq in c.uncertain for c in cells),
-                             seq in self.filled, tuple(seq in c.window_gone for c in cells))
+                             seq in self.filled, tuple(seq in c.window_gone for c in cells),
+                             tuple(c.moves for c in cells))
 
     def load(self, seq: int, saved: SavedSequence) -> None:
         """``seq`` holds exactly the saved cells, its own removed first (their cells count as free)."""
@@ -668,9 +690,10 @@ class CellContext:
         self.remove(seq, -1, -1)
         unseen = saved.uncertain or (False,) * len(saved.cells)
         gone = saved.window_gone or (False,) * len(saved.cells)
+        moves = saved.moves or (0,) * len(saved.cells)
         store.extend(Cell(position, token, keys, values, {seq}, {seq} if maybe else set(),
-                          {seq} if lost and self.split else set())
-                     for (position, token, keys, values), maybe, lost in zip(saved.cells, unseen, gone))
+                          {seq} if lost and self.split else set(), moved)
+                     for (position, token, keys, values), maybe, lost, moved in zip(saved.cells, unseen, gone, moves))
         if saved.evicted and saved.cells:
             self.evicted[seq] = set(saved.evicted)
         if saved.filled and saved.cells:
@@ -702,6 +725,12 @@ def kv_storage_of(storage: str | StorageFormat, numbers: NumberSystem) -> KvStor
     dtype = storage if isinstance(storage, str) else storage.format
     if dtype == "float64":
         return None
+    if numbers.reads_errors:  # the errors any correct store may have, not one store's values
+        if isinstance(storage, str) and storage not in BLOCK_FORMATS and storage not in ("float16", "bfloat16"):
+            return None  # a cache in the computation's own dtype: its rounding is the dtype's (§8.3)
+        rule = storage if isinstance(storage, StorageFormat) else StorageFormat(
+            dtype, "per_block" if dtype in BLOCK_FORMATS else "none")
+        return EstimatedStorage(rule, whole_row=rule.along == "row")
     if isinstance(storage, StorageFormat) and storage.scale == "per_group":
         groups = storage
 

@@ -39,6 +39,11 @@ class NumberSystem:
     # components of the oracle computed in another number system, as (component, system) pairs
     components: tuple[tuple[str, NumberSystem], ...] = ()
     reads_errors: bool = False  # to_float reads the error a dtype's evaluations may have, not a value (rounding.py)
+    # (x, radius) -> x, known to lie within [-radius, radius] in every evaluation: bounds an estimated error
+    # (rounding.py); None: the values are the computation's own, nothing to bound
+    within: Callable[[Any, Any], Any] | None = None
+    # the softmax as a whole (rounding.py's estimate over uncertain scores); None: operation by operation
+    softmax: Callable[[list[Any]], list[Any]] | None = None
 
     def component(self, name: str) -> NumberSystem:
         """The number system the oracle's component ``name`` runs in: its own unless overridden."""

@@ -35,11 +35,14 @@ from typing import Any
 import numpy as np
 
 from .numbers import LOW_PRECISIONS, NumberSystem
+from .storage import BLOCK, FLOAT16_UNIT, StorageFormat
 
 FUNCTION_ULPS = 4.0  # exp, cos, sin, tanh, sqrt, pow: vectorised float32 library kernels err by up to ~4 ulps
-_UNIT = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}  # unit roundoff: half an ulp at 1
-_TINY = {"float32": 2.0**-150, "float16": 2.0**-25, "bfloat16": 2.0**-134}  # half the smallest subnormal
-_LARGEST = {"float32": float(np.finfo(np.float32).max), "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+_UNIT = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "float64": 2.0**-53}  # half an ulp at 1
+_TINY = {"float32": 2.0**-150, "float16": 2.0**-25, "bfloat16": 2.0**-134, "float64": 2.0**-1075}  # half the
+# smallest subnormal
+_LARGEST = {"float32": float(np.finfo(np.float32).max), "float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+            "float64": float(np.finfo(np.float64).max)}
 
 
 class _Rounding:
@@ -52,6 +55,8 @@ class _Rounding:
             import ml_dtypes
 
             scalar: Any = ml_dtypes.bfloat16
+        elif dtype == "float64":
+            scalar = float
         else:
             scalar = getattr(np, dtype)
         self.cast: Callable[[float], float] = lambda x: float(scalar(x))
@@ -171,7 +176,7 @@ def _function_result(x: Estimated, value: float, propagated: float) -> Estimated
 def _exp(x: Estimated) -> Estimated:
     e = x.settled()
     value = math.exp(x.value)
-    return _function_result(x, value, value * math.expm1(e))
+    return _function_result(x, value, value * math.expm1(min(e, 709.0)) if e < 709.0 else math.inf)
 
 
 def _sqrt(x: Estimated) -> Estimated:
@@ -190,10 +195,93 @@ def _slope_at_most_one(function: Callable[[float], float]) -> Callable[[Estimate
     return bounded
 
 
-def rounding_errors(dtype: str) -> NumberSystem:
+def _within(x: Estimated, radius: Estimated | float) -> Estimated:
+    """``x``, which every evaluation puts within ``[-radius, radius]`` (an RMSNorm's output, a probability): its
+    error is at most ``|x| + radius``, however large the first-order estimate (an RMSNorm of a state near zero, a
+    softmax over scores as uncertain as a quantized key makes them)."""
+    reach = abs(radius.value) + radius.settled() if isinstance(radius, Estimated) else abs(radius)
+    error = x.settled()
+    if error <= abs(x.value) + reach:
+        return x
+    return Estimated(x.value, abs(x.value) + reach, x.rounding)
+
+
+class EstimatedStorage:
+    """What a cache of ``storage`` holds of a row of ``Estimated`` scalars, for any correct store: each element's
+    error gains the error any correct store of the row may have there (``StorageFormat.error_bounds``), times
+    ``sqrt(times)`` for a row quantized ``times`` times (a key re-quantized at each move, as llama.cpp's K-shift
+    dequantizes, re-rotates and quantizes it again), the quantizations independent. ``whole_row``: called on a
+    token's whole kv row (blocks along the row). For a block format, ``query`` does the same to a query head row
+    as a ``q8_0`` block (ggml quantizes the query to ``q8_0`` for its dot products with a block-format key)."""
+
+    requantizes = True
+
+    def __init__(self, storage: StorageFormat, *, whole_row: bool = False) -> None:
+        self.storage, self.whole_row = storage, whole_row
+        self.queries = StorageFormat("q8_0", "per_block") if storage.scale == "per_block" else None
+
+    def __call__(self, row: list[Any], times: int = 1) -> list[Any]:
+        return _widened(row, self.storage, math.sqrt(times))
+
+    def query(self, row: list[Any]) -> list[Any]:
+        """The query head row as a block-format dot product reads it (unchanged for another format); a row
+        shorter than a block, or not a whole number of them, is one block."""
+        if self.queries is None:
+            return row
+        if len(row) % BLOCK:
+            values = np.array([v.value for v in row])
+            bounds = np.full(len(row), np.max(np.abs(values), initial=0.0) / 254.0 * (1 + FLOAT16_UNIT))
+            return [_with_error(v, float(b)) for v, b in zip(row, bounds)]
+        return _widened(row, self.queries, 1.0)
+
+
+def _softmax(scores: list[Estimated]) -> list[Estimated]:
+    """A softmax over uncertain scores, its probabilities' errors from its derivative rather than operation by
+    operation: ``dp_i = p_i (ds_i - sum_j p_j ds_j)``, the scores' errors independent, each taken as
+    ``expm1(|ds|)`` (at least ``|ds|``: the exponential's growth where the scores are far off), so that
+    ``sqrt(((1 - p_i) D_i)^2 + sum_{j != i} (p_j D_j)^2) p_i``; a probability's error is at most ``max(p, 1 - p)``
+    (it lies in [0, 1]). Plus the rounding of the computation itself, on the scores as given: the operations'
+    estimate with the scores' errors left out. The operation by operation estimate takes the row maximum's error
+    into every term and the quotient's terms as independent, where they cancel: over keys as uncertain as a
+    quantized cache makes them, that multiplies the estimate layer after layer."""
+    rounding = scores[0].rounding
+    peak = max(s.value for s in scores)
+    exps = [math.exp(s.value - peak) for s in scores]
+    total = math.fsum(exps)
+    p = [e / total for e in exps]
+    spread = [math.expm1(min(s.settled(), 709.0)) if s.settled() < 709.0 else math.inf for s in scores]
+    weighted = math.fsum((q * d) ** 2 for q, d in zip(p, spread))
+    exact = [Estimated(s.value, 0.0, rounding) for s in scores]
+    top = max(exact)
+    shifted = [_exp(s - top) for s in exact]
+    own_total = sum(shifted[1:], start=shifted[0])
+    own = [(e / own_total).settled() for e in shifted]
+    result = []
+    for q, d, r in zip(p, spread, own):
+        others = max(weighted - (q * d) ** 2, 0.0)
+        propagated = q * math.sqrt(((1 - q) * d) ** 2 + others) if math.isfinite(weighted) else math.inf
+        result.append(Estimated(q, min(math.hypot(propagated, r), max(q, 1 - q) + r), rounding))
+    return result
+
+
+def _widened(row: list[Any], storage: StorageFormat, times: float) -> list[Any]:
+    values = np.array([v.value for v in row], dtype=np.float64)
+    bounds = storage.error_bounds(values) * times
+    return [_with_error(v, float(b)) for v, b in zip(row, bounds)]
+
+
+def _with_error(x: Estimated, bound: float) -> Estimated:
+    return Estimated(x.value, math.hypot(x.settled(), bound), x.rounding)
+
+
+def rounding_errors(dtype: str, *, quantized_cache: bool = False) -> NumberSystem:
     """The oracle's computation with every scalar carrying the error any ``dtype`` evaluation of it may have;
-    its ``to_float`` reads that error (see the module's docstring)."""
-    if dtype not in LOW_PRECISIONS:
+    its ``to_float`` reads that error (see the module's docstring). ``quantized_cache``: for the estimate over a
+    cache narrower than the computation (``EstimatedStorage``, docs/spec.md §15.6): every RMSNorm output and
+    probability bounded by what any evaluation of it lies within (``NumberSystem.within``), the softmax's error
+    from its derivative (``_softmax``), and ``float64`` taken too (its own rounding negligible beside the
+    cache's)."""
+    if dtype not in LOW_PRECISIONS and not (quantized_cache and dtype == "float64"):
         raise ValueError(f"dtype must be one of {LOW_PRECISIONS}, got {dtype!r}")
     rounding = _Rounding(dtype)
 
@@ -213,4 +301,6 @@ def rounding_errors(dtype: str) -> NumberSystem:
         to_float=Estimated.settled,
         is_finite=lambda value: math.isfinite(value.value) and math.isfinite(value.settled()),
         reads_errors=True,
+        within=_within if quantized_cache else None,
+        softmax=_softmax if quantized_cache else None,
     )

@@ -47,6 +47,9 @@ rounding is written once here, in float64 numpy, from the definitions:
   ``min(15, floor(x / d + 8.5))``, read back ``(q - 8) * d``: the value of
   largest magnitude is exact. Both round half away from zero, as C's
   ``roundf``, and quantize with the unrounded ``d``, as llama.cpp does.
+
+``StorageFormat.error_bounds`` is what any correct store may err by at each element, whatever its own
+arithmetic: a whole model's cache is judged by it (``rounding.EstimatedStorage``, docs/spec.md §15.6).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ INTEGER_FORMATS = {"int8": 127, "int4": 7}
 AFFINE_FORMATS = {"uint8": 255, "uint4": 15, "uint3": 7, "uint2": 3}  # levels above the group's minimum
 BLOCK_FORMATS = {"q8_0": 127, "q4_0": 8}  # the largest level: d = amax / 127; d = (value of largest magnitude) / -8
 BLOCK = 32  # features a block of a block format
+FLOAT16_UNIT = 2.0**-11  # a block's scale is stored in float16: rounded to nearest, relative error at most this
 ALONG = ("head", "row")  # a block format's blocks: cut from each head's row, or from a token's whole kv row
 SCALES = ("none", "per_tensor", "per_channel", "per_group", "per_block")
 UPDATES = ("recomputed", "frozen")
@@ -186,6 +190,20 @@ class StorageFormat:
         magnitude = np.maximum(np.abs(np.clip(rows / scale, -self.largest, self.largest)), float(info.smallest_normal))
         spacing: np.ndarray = float(info.eps) * np.exp2(np.floor(np.log2(magnitude))) * scale
         return spacing
+
+    def error_bounds(self, rows: np.ndarray) -> np.ndarray:
+        """The largest error any correct store of ``rows [..., features]`` may have at each element, whatever its
+        arithmetic: half a step (``steps``: a level decision made in float32 or float64, either way of a tie), or
+        where the format's own rule puts an element further from the grid (a block's or group's far end clipped:
+        ``|stored - x|``), the larger; for a block format, plus the float16 rounding of the block's scale, which
+        a scale computed in another precision may round the other way (``2^-11 (|x| + d)``)."""
+        shaped = rows.reshape(1, 1, 1, -1) if rows.ndim == 1 else rows
+        steps = self.steps(shaped)
+        bound = np.maximum(steps / 2, np.abs(self.stored(shaped) - shaped))
+        if self.scale == "per_block":
+            bound = bound + FLOAT16_UNIT * (np.abs(shaped) + steps)
+        result: np.ndarray = bound.reshape(rows.shape)
+        return result
 
     def _groups(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``rows`` in groups of ``group`` consecutive features of each token, ``[B, KV, T, dh / group, group]``,

@@ -164,8 +164,10 @@ def test_the_model_judge_reads_dtype_and_kv_storage() -> None:
     # a cache in the dtype itself: the rounding errors any float32 evaluation may have (docs/spec.md §8.3)
     assert same.storage is None and same.kv_storage == "float32" and same.naive.reads_errors
     narrow = Judge.for_model(adapter(dtype="float32", kv_storage="float16"), FLOAT64)
-    assert narrow.storage.format == "float16" and narrow.kv_storage == "float16" and narrow.naive.name == "float32"
-    assert not narrow.naive.reads_errors  # a narrower cache: the naive computation over what it stores
+    assert narrow.storage.format == "float16" and narrow.kv_storage == "float16"
+    # a narrower cache: the errors any correct store and float32 evaluation may have (docs/spec.md §15.6)
+    assert narrow.naive.reads_errors and narrow.naive.within is not None and narrow.naive.softmax is not None
+    assert narrow.naive.name == "rounding errors of float32"
 
 
 def test_a_call_outside_the_model_is_unclaimed_whatever_is_declared() -> None:

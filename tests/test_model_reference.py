@@ -119,10 +119,10 @@ def random_step(pair: Pair, rng: np.random.Generator) -> None:
             expected, naive, got = result
             assert got.shape == expected.shape
             if expected.size:
-                tolerance = pair.judge.tolerance(expected, naive)
-                error = float(np.abs(got.astype(np.float64) - expected).max())
-                pair.worst = max(pair.worst, error / tolerance)
-                assert error <= tolerance, (error, tolerance)
+                tolerance = pair.judge.tolerance(expected, naive)  # one per token under a narrower cache
+                ratio = float(np.max(np.abs(got.astype(np.float64) - expected) / tolerance))
+                pair.worst = max(pair.worst, ratio)
+                assert ratio <= 1.0, (ratio, tolerance)
     elif roll < 0.5:
         p0, p1 = a_range()
         target = -1 if rng.random() < 0.2 else seq

@@ -391,7 +391,7 @@ def table_ratio(adapter: Any, kv: str, seed: int) -> float:
                        else kv_storage_of(judge.storage, judge.naive))
     context = adapter.create_context(adapter.create_model(config, weights), ContextConfig(16, 1))
     got = adapter.decode_batch(context, ModelBatch.of_sequence(0, TOKENS, 0))
-    return float(np.abs(got - exact).max() / judge.tolerance(exact, naive))
+    return float(np.max(np.abs(got - exact) / judge.tolerance(exact, naive)))  # per token under a narrower cache
 
 
 @pytest.mark.parametrize("kv", ["float16", "float32"])

@@ -60,6 +60,16 @@ bare at position 0), take a floor of 0.51 ulps, error / tolerance 0.11.
   with the larger extreme exact, the rescaled step ``|e| / k``).
   Measured by ``python bench/run.py --only storage`` (numbers in the
   module's constants below and docs/spec.md §13.6).
+  A whole model's cache (``kv_storage`` narrower than the computation,
+  ``for_model``) is judged otherwise (docs/spec.md §15.6): each token's
+  logits within ``FACTOR`` times the largest error any correct evaluation
+  may have, estimated as the dtype rule estimates it, every stored element
+  carrying the error any correct store may have there
+  (``oracle.rounding.EstimatedStorage``; a key once more per move), plus
+  ``STORAGE_FLOOR_UNITS`` units of the format and ``FLOOR_ULPS`` ulps of
+  the dtype at that token's logits: one naive
+  evaluation over one store was lucky on some inputs (honest engines failed
+  1 to 3 of 16 random seeds). ``python bench/run.py --only storage-margins``.
 
 An adapter declares its dtype with an optional ``dtype`` attribute, and a
 float64 adapter its lower-precision components with an optional
@@ -123,6 +133,9 @@ class Judge:
     components: Mapping[str, str] = field(default_factory=dict)  # declared mixed_precision: component -> dtype
     storage: StorageFormat | None = None  # declared storage format of the cached rows
     activation_table: str | None = None  # a whole model's gate activation read from a table of this dtype
+    # a whole model's cache (docs/spec.md §15.6): its storage judged by the errors any correct store may have
+    # (rounding_errors over oracle.rounding.EstimatedStorage), not by one naive evaluation over one store
+    estimates_storage: bool = False
 
     def __post_init__(self) -> None:
         self.components = check_precision(self.dtype, self.components)
@@ -143,7 +156,7 @@ class Judge:
         value through it: ``oracle.model.kv_storage_of(judge.kv_storage, judge.naive)``)."""
         dtype, components = declared_precision(adapter)
         return cls(dtype, oracle, components=components, storage=declared_kv_format(adapter),
-                   activation_table=declared_activation_table(adapter))
+                   activation_table=declared_activation_table(adapter), estimates_storage=True)
 
     @property
     def kv_storage(self) -> str:
@@ -157,6 +170,8 @@ class Judge:
         without narrower storage the rounding errors any evaluation in it may have (its readout the errors)."""
         if self.components:
             return mixed_precision(self.components)
+        if self.estimates_storage and self.storage is not None and self.activation_table is None:
+            return rounding_errors(self.dtype, quantized_cache=True)
         if self.dtype == "float64":
             return FLOAT64 if self.storage is not None else None
         if self.activation_table is not None:  # the naive computation through the table (docs/spec.md §15.6)
@@ -171,18 +186,18 @@ class Judge:
                     f"table: |error| <= {FACTOR:g} x |error of the full-prefix computation so| + "
                     f"{STORAGE_FLOOR_UNITS:g} {self.activation_table} unit(s) per table and cache at the expected "
                     f"magnitude + {FLOOR_ULPS:g} {self.dtype} ulps, against the {self.oracle.name} oracle")
+        if self.storage is not None and self._per_token:
+            return (f"{self.dtype} computation, K/V stored as {self._storage_words}: each token's |error| <= "
+                    f"{FACTOR:g} x the largest error any correct evaluation of its logits may have (estimated from "
+                    f"each step's condition: every stored element off by up to half a step, a key once per move, "
+                    f"the {self.dtype} rounding of every operation) + {STORAGE_FLOOR_UNITS:g} "
+                    f"{self.storage.format} unit(s)"
+                    + (f" + {FLOOR_ULPS:g} {self.dtype} ulps" if self.dtype != "float64" else f" + {ABSOLUTE:.0e}")
+                    + f" at its logits' magnitude, against the {self.oracle.name} oracle")
         if self.storage is not None:
-            rule = self.storage
-            scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
-                     + {"minimum": "", "level": ", zero point on a level",
-                        "extreme": ", larger extreme exact, 0 on a level"}[rule.zero_point]
-                     if rule.scale == "per_group" else
-                     f"blocks of 32 along each {'head' if rule.along == 'head' else 'token'}'s "
-                     f"{'row' if rule.along == 'head' else 'whole kv row'}, float16 scales" if rule.scale == "per_block"
-                     else f"scale {rule.scale}, {rule.update}")
-            return (f"{self.dtype} computation, K/V stored as {rule.format} ({scale}): "
+            return (f"{self.dtype} computation, K/V stored as {self._storage_words}: "
                     f"|error| <= {FACTOR:g} x |error of the full-prefix computation over what such a cache stores| "
-                    f"+ {STORAGE_FLOOR_UNITS:g} {rule.format} unit(s) at the expected magnitude"
+                    f"+ {STORAGE_FLOOR_UNITS:g} {self.storage.format} unit(s) at the expected magnitude"
                     + (f" + {FLOOR_ULPS:g} {self.dtype} ulps" if self.dtype != "float64" else f" + {ABSOLUTE:.0e}")
                     + f", against the {self.oracle.name} oracle")
         if self.components:
@@ -195,6 +210,20 @@ class Judge:
         return (f"{self.dtype}: |error| <= {FACTOR:g} x the rounding error any {self.dtype} evaluation of the "
                 f"full-prefix computation may have (estimated from each step's condition) + {FLOOR_ULPS:g} "
                 f"{self.dtype} ulps at the expected magnitude, against the {self.oracle.name} oracle")
+
+    @property
+    def _storage_words(self) -> str:
+        """The declared storage, as the rule states it."""
+        rule = self.storage
+        assert rule is not None
+        scale = (f"groups of {rule.group}" + (f", steps >= {rule.min_step:g}" if rule.min_step else "")
+                 + {"minimum": "", "level": ", zero point on a level",
+                    "extreme": ", larger extreme exact, 0 on a level"}[rule.zero_point]
+                 if rule.scale == "per_group" else
+                 f"blocks of 32 along each {'head' if rule.along == 'head' else 'token'}'s "
+                 f"{'row' if rule.along == 'head' else 'whole kv row'}, float16 scales" if rule.scale == "per_block"
+                 else f"scale {rule.scale}, {rule.update}")
+        return f"{rule.format} ({scale})"
 
     def reference(self, compute: Callable[[NumberSystem], T],
                   stored: Callable[[NumberSystem], T] | None = None) -> Reference[T]:
@@ -209,11 +238,13 @@ class Judge:
             return Reference(compute(self.oracle), stored(numbers))
         return Reference(compute(self.oracle), compute(numbers))
 
-    def tolerance(self, expected: np.ndarray, naive: np.ndarray | None) -> float:
+    def tolerance(self, expected: np.ndarray, naive: np.ndarray | None) -> float | np.ndarray:
         if naive is None or (self.dtype == "float64" and not self.components and self.storage is None):
             return ABSOLUTE
         baseline = np.asarray(naive, dtype=np.float64)
         error = baseline if self.naive is not None and self.naive.reads_errors else np.abs(baseline - expected)
+        if self._per_token and error.ndim == 2 and error.shape[0] > 1:  # each token's logits by their own estimate
+            return np.array([[self.tolerance(row[None], err[None])] for row, err in zip(expected, error)])
         budget = float(np.max(np.where(np.isfinite(error), error, np.inf), initial=0.0))
         scale = float(np.max(np.abs(expected), initial=1.0))
         table = 0.0 if self.activation_table is None else STORAGE_FLOOR_UNITS * StorageFormat(
@@ -221,16 +252,23 @@ class Judge:
         if self.storage is not None:
             floor = STORAGE_FLOOR_UNITS * self.storage.unit * scale + (
                 FLOOR_ULPS * _EPS[self.dtype] * scale if self.dtype != "float64" else ABSOLUTE)
-            return FACTOR * budget + floor + table
+            return float(FACTOR * budget + floor + table)
         floor = FLOOR_ULPS * _EPS[self._floor_dtype] * scale + table
         return FACTOR * budget + floor + (ABSOLUTE if self.components else 0.0)
+
+    @property
+    def _per_token(self) -> bool:
+        """A whole model's logits over a quantized cache are judged token by token (each token's row of logits
+        against its own estimate): a batch's first token has seen few stored cells, its last many."""
+        return self.estimates_storage and self.storage is not None and self.activation_table is None
 
     @property
     def _floor_dtype(self) -> str:
         """The dtype whose ulps make the floor: the declared one, or the coarsest mixed-precision component's."""
         return max(self.components.values(), key=_EPS.__getitem__) if self.components else self.dtype
 
-    def bound(self, reference: Reference[T], select: Callable[[T], np.ndarray]) -> tuple[np.ndarray, float]:
+    def bound(self, reference: Reference[T],
+              select: Callable[[T], np.ndarray]) -> tuple[np.ndarray, float | np.ndarray]:
         """The expected array ``select(reference.truth)`` and this rule's tolerance for it."""
         expected = select(reference.truth)
         return expected, self.tolerance(expected, None if reference.naive is None else select(reference.naive))
