@@ -559,8 +559,8 @@ class StaticPaddedAdapter(PaddedBatches, StaticCacheAdapter):
 
 
 class HqqPaddedAdapter(PaddedBatches, HqqCacheAdapter):
-    """``QuantizedCache('hqq')`` under left-padded batches, with its declared storage: §13.8 does not judge a
-    declared storage on ragged batches yet, so the property skips it with that reason."""
+    """``QuantizedCache('hqq')`` under left-padded batches, with its declared storage: per-group scales, each
+    token's own, so §13.8 judges each row by the storage rule (a scale over the batch would be skipped)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -591,5 +591,5 @@ def static_cache_padded() -> StaticPaddedAdapter:
 
 
 def quantized_cache_hqq_padded() -> HqqPaddedAdapter:
-    """QuantizedCache('hqq') driven as generate drives a left-padded batch (skipped: declared storage)."""
+    """QuantizedCache('hqq') driven as generate drives a left-padded batch, judged by its declared storage."""
     return HqqPaddedAdapter()

@@ -81,7 +81,7 @@ PLAN = (
     # tokens (README.md, "Padded batches"); its trace is still replayed
     Run("dynamic_cache_padded_crop", "adapters.hf_caches", (BATCHES,), workers="0", in_ci=False),
     Run("static_cache_padded", "adapters.hf_caches", (BATCHES,), workers="0"),
-    Run("quantized_cache_hqq_padded", "adapters.hf_caches", (BATCHES,), workers="0"),  # skipped: declared storage
+    Run("quantized_cache_hqq_padded", "adapters.hf_caches", (BATCHES,), workers="0"),  # per-group storage: judged
     # transformers' PagedAttentionCache (continuous batching), docs/hf-transformers/paged.md
     Run("paged_attention_cache", "adapters.hf_paged", (PAGED,), workers="0"),
     Run("paged_attention_cache_ids_checked", "adapters.hf_paged", (PAGED,), workers="0"),
