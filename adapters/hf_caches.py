@@ -278,6 +278,17 @@ class PaddedBatches:
             rows.append(PaddedRow(keys, values))
         return rows
 
+    def truncate(self, cache: Handle, n: int) -> None:
+        """``crop(n - longest)``: every row drops the last ``longest - n`` columns, as assisted decoding rolls back its
+        rejected candidates (``ragged_truncate = "columns"`` where declared); the mask's rows alike."""
+        mask = cache.attention_mask
+        if mask is None:  # a layer cache of the same adapter: the class's own crop
+            super().truncate(cache, n)  # type: ignore[misc]
+            return
+        longest = int(mask.sum(dim=1).max()) if mask.numel() else 0
+        cache.hf.crop(n - longest)  # 5.24's crop takes the (negative) count of columns to remove
+        cache.attention_mask = mask[:, :mask.shape[1] - (longest - n)]
+
     def reset(self, cache: Handle) -> None:
         cache.hf.reset()
         if cache.attention_mask is not None:
@@ -520,12 +531,18 @@ PADDED_STATIC_COLUMNS = 400
 
 
 class DynamicPaddedAdapter(PaddedBatches, DynamicCacheAdapter):
-    """``DynamicCache`` under left-padded batches, with select, repeat and filter by its batch methods."""
+    """``DynamicCache`` under left-padded batches, with select, repeat and filter by its batch methods; with
+    ``crop``, truncate by ``crop`` too, declared as what it is on a left-padded cache: every row drops the same last
+    columns (``ragged_truncate = "columns"``, docs/spec.md §13.8)."""
 
-    def __init__(self, skip_empty_batch: bool = False) -> None:
-        super().__init__("dynamic-cache-padded-skip-empty-batch" if skip_empty_batch else "dynamic-cache-padded")
-        self.capabilities = frozenset(BASE | PADDED | {"batch_select", "batch_repeat", "batch_filter"})
+    def __init__(self, skip_empty_batch: bool = False, crop: bool = False) -> None:
+        super().__init__("dynamic-cache-padded-crop" if crop else
+                         "dynamic-cache-padded-skip-empty-batch" if skip_empty_batch else "dynamic-cache-padded")
+        self.capabilities = frozenset(BASE | PADDED | {"batch_select", "batch_repeat", "batch_filter"} |
+                                      ({"truncate"} if crop else set()))
         self.skip_empty_batch = skip_empty_batch
+        if crop:
+            self.ragged_truncate = "columns"
 
 
 class StaticPaddedAdapter(PaddedBatches, StaticCacheAdapter):
@@ -542,8 +559,8 @@ class StaticPaddedAdapter(PaddedBatches, StaticCacheAdapter):
 
 
 class HqqPaddedAdapter(PaddedBatches, HqqCacheAdapter):
-    """``QuantizedCache('hqq')`` under left-padded batches, with its declared storage: §13.8 does not judge a
-    declared storage on ragged batches yet, so the property skips it with that reason."""
+    """``QuantizedCache('hqq')`` under left-padded batches, with its declared storage: per-group scales, each
+    token's own, so §13.8 judges each row by the storage rule (a scale over the batch would be skipped)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -562,11 +579,17 @@ def dynamic_cache_padded_skip_empty_batch() -> DynamicPaddedAdapter:
     return DynamicPaddedAdapter(skip_empty_batch=True)
 
 
+def dynamic_cache_padded_crop() -> DynamicPaddedAdapter:
+    """As ``dynamic_cache_padded_skip_empty_batch``, declaring truncate by ``crop`` with ``ragged_truncate =
+    "columns"``: the crop of the glue's padded layout, whose rows may hold padding after their tokens."""
+    return DynamicPaddedAdapter(skip_empty_batch=True, crop=True)
+
+
 def static_cache_padded() -> StaticPaddedAdapter:
     """StaticCache driven as generate drives a left-padded batch."""
     return StaticPaddedAdapter()
 
 
 def quantized_cache_hqq_padded() -> HqqPaddedAdapter:
-    """QuantizedCache('hqq') driven as generate drives a left-padded batch (skipped: declared storage)."""
+    """QuantizedCache('hqq') driven as generate drives a left-padded batch, judged by its declared storage."""
     return HqqPaddedAdapter()

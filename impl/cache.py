@@ -359,16 +359,20 @@ class RaggedKvCache:
     Every operation lays the rows out anew (``_relayout``): rows merge, split and shrink as continuous batching
     makes them. The binding (layer identity, versions, RoPE) is a one-row ``LayerKvCache``'s. With ``storage``
     (a rule whose scales are each token's own: none or per_group) each token is stored rounded as it is appended:
-    what a row stores is a function of its own tokens, whatever the other rows hold.
+    what a row stores is a function of its own tokens, whatever the other rows hold. ``truncation`` is how
+    ``truncate(n)`` cuts the rows: ``"per_row"``, each its first ``n`` tokens; ``"columns"``, the layout's first
+    ``n`` columns (every row drops its last ``longest - n`` tokens: transformers' ``crop`` of a left-padded cache).
     """
 
     def __init__(self, layer: AttentionLayer, batch_size: int, capacity: int,
-                 storage: StorageRule | None = None, window: int | None = None) -> None:
+                 storage: StorageRule | None = None, window: int | None = None, truncation: str = "per_row") -> None:
         for name, value in (("batch size", batch_size), ("capacity", capacity)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidCacheArgument(name, value)
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
             raise InvalidCacheArgument("window", window)
+        if truncation not in ("per_row", "columns"):
+            raise ValueError(f"truncation is per_row or columns, not {truncation!r}")
         if batch_size == 0:
             raise ZeroBatchSize()
         if capacity == 0:
@@ -381,6 +385,7 @@ class RaggedKvCache:
         self.capacity, self.kv_heads, self.head_width = capacity, layer.kv_heads, layer.head_width
         self.storage = storage
         self.window = window  # each row's query sees its own last ``window`` positions; every token is kept (a mask)
+        self.truncation = truncation
         self._set(np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)),
                   np.zeros((batch_size, layer.kv_heads, 0, layer.head_width)), np.zeros(batch_size, dtype=np.int64))
 
@@ -444,12 +449,17 @@ class RaggedKvCache:
         self._set(self._keys[:, :, :0], self._values[:, :, :0], np.zeros(self.batch_size, dtype=np.int64))
 
     def truncate(self, length: object) -> None:
-        """Each row keeps its first ``min(length, n_b)`` tokens; ``length`` an int in ``[0, longest row]``."""
+        """Each row keeps its first ``min(length, n_b)`` tokens, or by columns ``max(0, n_b - (longest - length))``;
+        ``length`` an int in ``[0, longest row]`` (the layout is as wide as the longest row)."""
         if not isinstance(length, (int, np.integer)) or isinstance(length, (bool, np.bool_)) \
                 or not 0 <= length <= self.width:
             raise InvalidLength(length, self.width)
-        rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]  # a token's position
-        self._relayout(self._keys, self._values, self._real() & (rank < int(length)))
+        if self.truncation == "columns":  # the layout's first ``length`` columns, a row's padding among them
+            kept = np.arange(self.width)[None, :] < int(length)
+        else:
+            rank = np.arange(self.width)[None, :] - (self.width - self.lengths)[:, None]  # a token's position
+            kept = rank < int(length)
+        self._relayout(self._keys, self._values, self._real() & kept)
 
     def _gather(self, rows: np.ndarray) -> None:
         """The batch rows ``rows`` (old row of each new one), left-padded to their longest."""

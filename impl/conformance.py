@@ -272,6 +272,23 @@ class QuantizedReferenceAdapter(ReferenceAdapter):
         return RaggedKvCache(layer, batch_size, capacity, storage=self.rule, window=window)
 
 
+class ColumnsTruncateAdapter(ReferenceAdapter):
+    """The reference whose ragged batches truncate by columns, declared (``ragged_truncate``, docs/spec.md §13.8):
+    ``truncate(n)`` keeps the left-padded layout's first ``n`` columns, so every row drops its last ``longest - n``
+    tokens (transformers' ``DynamicCache.crop`` under generate's layout; assisted decoding's rollback)."""
+
+    name = f"{ReferenceAdapter.name}[ragged truncate by columns]"
+    ragged_truncate = "columns"
+
+    def create_ragged_cache(self, layer: AttentionLayer, batch_size: int, capacity: int,
+                            window: int | None = None) -> RaggedKvCache:
+        return RaggedKvCache(layer, batch_size, capacity, window=window, truncation="columns")
+
+
+def make_columns_truncate_adapter() -> ColumnsTruncateAdapter:
+    return ColumnsTruncateAdapter()
+
+
 class WindowUntilFullAdapter(ReferenceAdapter):
     """The reference whose window caches truncate only while they hold fewer than W rows, and refuse with
     ``evicted`` from then on (transformers' DynamicSlidingWindowLayer without recording), declared."""

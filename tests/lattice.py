@@ -27,6 +27,7 @@ from examples.minimal_adapter import (
 from impl.cache import LayerKvCache, RaggedKvCache
 from impl.conformance import (
     CachedFirstPagedAdapter,
+    ColumnsTruncateAdapter,
     KeepsEveryRowAdapter,
     NodeLruPagedAdapter,
     PaddingPagePagedAdapter,
@@ -1068,6 +1069,9 @@ VARIANTS.update({
     # ragged batches that ignore the window: honest without sliding_window_layer (and what needs it)
     "ragged-window-ignored": lambda: Declared("ragged-window-ignored", REFERENCE - {"sliding_window_layer"} - DEPENDS[
         "sliding_window_layer"], RaggedWindowIgnored()),
+    # ragged batches truncated by columns (transformers' crop of a left-padded cache), declared so
+    "ragged-truncate-by-columns": lambda: Declared("ragged-truncate-by-columns", REFERENCE, ColumnsTruncateAdapter(),
+                                                   ragged_truncate="columns"),
     # ragged batches stored at a scale over the batch, beside uint4 groups as declared: honest without ragged rows
     "storage-ragged-scaled-over-the-batch": lambda: Declared(
         "storage-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities - BATCHES_CAPABILITIES,
@@ -1094,6 +1098,12 @@ TWINS.update({
     "storage-ragged-scaled-over-the-batch-claims-ragged-rows": (
         lambda: Declared("twin-ragged-scaled-over-the-batch", QuantizedReferenceAdapter.capabilities,
                          RaggedScaledOverTheBatch(), storage=RaggedScaledOverTheBatch().storage), "batches", {}, ""),
+    # the same truncating by columns, declaring the default (each row its first n tokens; the inner cache's own
+    # declaration would reach through)
+    "ragged-truncate-by-columns-claims-per-row": (
+        lambda: Declared("twin-ragged-truncate-by-columns", REFERENCE, ColumnsTruncateAdapter(),
+                         ragged_truncate="per_row"), "batches", {},
+        "wrong row length"),
     "ragged-window-ignored-claims-sliding-window-layer": (
         lambda: Declared("twin-ragged-window-ignored", REFERENCE, RaggedWindowIgnored()), "batches", {}, ""),
     "ragged-creation-unchecked-claims-creation-errors": (

@@ -809,6 +809,19 @@ BATCH_MUTANTS += (
            "a ragged row's window is counted in the padded layout's columns, not in its own positions: a row "
            "padded in a chunk sees fewer of its tokens", "batches"),
 )
+# Ragged truncation by columns (docs/spec.md §13.8, ragged_truncate = "columns"), behind the reference declaring it.
+_COLUMNS = "            kept = np.arange(self.width)[None, :] < int(length)\n"
+BATCH_MUTANTS += (
+    Mutant("ragged_columns_truncate_per_row", "conformance.py",
+           (('        return RaggedKvCache(layer, batch_size, capacity, window=window, truncation="columns")',
+             '        return RaggedKvCache(layer, batch_size, capacity, window=window, truncation="per_row")'),),
+           "a cache declaring ragged_truncate columns cuts each row to its first n tokens instead", "batches",
+           factory="make_columns_truncate_adapter"),
+    Mutant("ragged_columns_truncate_off_by_one", "cache.py",
+           ((_COLUMNS, "            kept = np.arange(self.width)[None, :] <= int(length)\n"),),
+           "a truncation by columns keeps one column more than n: every row cut keeps one token too many", "batches",
+           factory="make_columns_truncate_adapter"),
+)
 MUTANTS = MUTANTS + BATCH_MUTANTS
 
 

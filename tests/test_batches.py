@@ -16,6 +16,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from impl.conformance import (
     make_adapter,
+    make_columns_truncate_adapter,
     make_float16_adapter,
     make_fp8_adapter,
     make_int8_adapter,
@@ -24,6 +25,7 @@ from impl.conformance import (
 )
 from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
+from kvcache_conformance.protocol.declarations import declaration_problems, declared_ragged_truncate
 from kvcache_conformance.run import exercise, profiles, selection
 from kvcache_conformance.run.runner import run_machine, without_local_constants
 
@@ -188,3 +190,69 @@ def test_the_minimal_batched_example_conforms_to_what_it_claims() -> None:
     result = run_machine("batches", adapter, property_id="batches-example",
                          settings=profiles.settings_for("ci", database=None, max_examples=30))
     assert result.failure is None, result.failure
+
+
+class CountedByColumns(Counted):
+    met: ClassVar[Counter[str]] = Counter()
+    by_rule: ClassVar[Counter[tuple[str, str]]] = Counter()
+
+    def __init__(self) -> None:
+        BatchesMachine.__init__(self, make_columns_truncate_adapter())
+
+    def teardown(self) -> None:
+        CountedByColumns.met.update(case for (_, case), times in self.exercise.items() for _ in range(times))
+        BatchesMachine.teardown(self)
+
+
+def test_a_run_truncating_by_columns_cuts_between_two_rows_on_purpose() -> None:
+    # by columns the case is a cut (longest - n) that empties one row and leaves another some of its tokens
+    CountedByColumns.met.clear()
+    with without_local_constants():
+        run_state_machine_as_test(CountedByColumns, settings=profiles.settings_for(
+            "dev", database=None, max_examples=100, derandomize=True))
+    assert CountedByColumns.met["truncation shorter than one row, longer than another"] >= 3, CountedByColumns.met
+
+
+def test_a_truncation_by_columns_drops_every_rows_last_columns() -> None:
+    adapter = make_columns_truncate_adapter()
+    rope = RopeConfig("half_split", 100.0, 2, 64)
+    rng = np.random.default_rng(5)
+    weights = AttentionWeights(*(rng.uniform(-1, 1, (4, 4)) for _ in range(4)), heads=2, kv_heads=2)
+    attention = adapter.create_layer(weights, rope)
+    cache = adapter.create_ragged_cache(attention, 3, 8)
+    adapter.append_ragged(attention, cache, np.random.default_rng(6).normal(size=(3, 5, 4)), [5, 2, 4])
+    before = [row.keys for row in adapter.ragged_snapshot(cache)]
+    adapter.truncate(cache, 2)  # 3 columns cut: 5 -> 2, 2 -> 0, 4 -> 1, each its first tokens
+    after = [row.keys for row in adapter.ragged_snapshot(cache)]
+    assert [row.shape[1] for row in after] == [2, 0, 1]
+    assert all(np.array_equal(a, b[:, :a.shape[1]]) for a, b in zip(after, before))
+    with pytest.raises(Exception) as raised:
+        adapter.truncate(cache, 3)  # above the longest row (2): nothing cut
+    assert adapter.error_kind(raised.value) == "invalid_length"
+    assert [row.shape[1] for row in (r.keys for r in adapter.ragged_snapshot(cache))] == [2, 0, 1]
+
+
+@pytest.mark.parametrize(("attributes", "problem"), [
+    ({"ragged_truncate": "rows"}, "ragged_truncate must be one of"),
+    ({"ragged_truncate": 1}, "ragged_truncate must be one of"),
+    ({"ragged_truncate": "columns", "capabilities": make_adapter().capabilities - {"truncate"}},
+     "without ragged_rows and truncate"),
+])
+def test_an_unknown_or_idle_ragged_truncate_is_refused_at_load(attributes: dict[str, Any], problem: str) -> None:
+    adapter: Any = type("Declaring", (type(make_adapter()),), attributes)()
+    assert any(problem in found for found in declaration_problems(adapter)), declaration_problems(adapter)
+
+
+def unknown_ragged_truncate() -> Any:
+    return type("Declaring", (type(make_adapter()),), {"ragged_truncate": "rows"})()
+
+
+def test_loading_an_adapter_of_an_unknown_ragged_truncate_is_a_usage_error() -> None:
+    with pytest.raises(selection.AdapterLoadError, match="ragged_truncate must be one of"):
+        selection.load_adapter("tests.test_batches:unknown_ragged_truncate")
+
+
+def test_the_default_and_columns_are_read() -> None:
+    assert declared_ragged_truncate(make_adapter()) == "per_row"
+    assert declared_ragged_truncate(make_columns_truncate_adapter()) == "columns"
+    assert declaration_problems(make_columns_truncate_adapter()) == []

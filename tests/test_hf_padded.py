@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 from adapters import hf_caches
 from kvcache_conformance.protocol.declarations import declaration_problems
 
-PADDED = ["dynamic_cache_padded", "dynamic_cache_padded_skip_empty_batch", "static_cache_padded",
-          "quantized_cache_hqq_padded"]
+PADDED = ["dynamic_cache_padded", "dynamic_cache_padded_skip_empty_batch", "dynamic_cache_padded_crop",
+          "static_cache_padded", "quantized_cache_hqq_padded"]
 
 
 class Weights:
@@ -33,9 +33,12 @@ class Rope:
 def test_the_padded_adapters_declare_ragged_rows_and_only_the_batch_methods_their_cache_has(factory: str) -> None:
     adapter = getattr(hf_caches, factory)()
     assert "ragged_rows" in adapter.capabilities
-    assert not {"batch_merge", "batch_extract", "truncate"} & adapter.capabilities  # no such cache method
+    assert not {"batch_merge", "batch_extract"} & adapter.capabilities  # no such cache method
     has_batch_methods = factory.startswith("dynamic")  # StaticLayer has neither batch_select_indices nor repeat
     assert ({"batch_select", "batch_repeat", "batch_filter"} <= adapter.capabilities) == has_batch_methods
+    # DynamicLayer's crop drops every row's last columns: a truncation by columns, declared so (docs/spec.md §13.8)
+    assert ("truncate" in adapter.capabilities) == factory.endswith("_crop")
+    assert getattr(adapter, "ragged_truncate", None) == ("columns" if factory.endswith("_crop") else None)
     assert (getattr(adapter, "storage", None) is not None) == ("hqq" in factory)
     assert declaration_problems(adapter) == []  # e.g. batch_filter only beside ragged_rows
 
@@ -76,3 +79,24 @@ def test_a_filter_to_no_rows_is_taken_and_the_next_chunk_raises_in_llama_attenti
                 adapter.append_ragged(layer, batch, np.ones((0, 1, 4)), [])
         else:
             assert adapter.append_ragged(layer, batch, np.ones((0, 1, 4)), []).shape == (0, 1, 4)
+
+
+def test_crop_is_a_truncation_by_columns_of_generates_layout_and_not_past_padding_after_a_rows_tokens() -> None:
+    adapter = hf_caches.dynamic_cache_padded_crop()
+    layer = adapter.create_layer(Weights(5), Rope())
+    rng = np.random.default_rng(6)
+
+    def lengths_after(chunks: list[list[int]], n: int) -> list[int]:
+        batch = adapter.create_ragged_cache(layer, 2, 8)
+        for lengths in chunks:
+            adapter.append_ragged(layer, batch, rng.normal(size=(2, max(lengths), 4)), lengths)
+        before = [row.keys for row in adapter.ragged_snapshot(batch)]
+        adapter.truncate(batch, n)
+        after = [row.keys for row in adapter.ragged_snapshot(batch)]
+        assert all(np.array_equal(a, b[:, :a.shape[1]]) for a, b in zip(after, before))  # each its first tokens
+        return [row.shape[1] for row in after]
+
+    # generate's layout (padding before the prompts only, then every row a token per step): rows [4, 2] cut by 3
+    assert lengths_after([[3, 1], [1, 1]], 1) == [1, 0]
+    # row 1 appends nothing in the second chunk: a column of padding after its tokens, which the crop takes first
+    assert lengths_after([[3, 3], [1, 0]], 2) == [2, 2]  # by columns (docs/spec.md §13.8) row 1 keeps 1

@@ -3,7 +3,8 @@
 A ragged batch is a list of rows, each the list of tokens it appended since creation or reset, at its own
 positions 0, 1, ...; the oracle computes each row on its own (``layer_model``'s oracle of a one-row cache). A
 chunk appends a number of tokens of its own to every row (left-padded: the padding is never read); a merge
-appends another batch's rows; extract, filter, select and repeat pick rows; truncation cuts every row. After
+appends another batch's rows; extract, filter, select and repeat pick rows; truncation cuts every row (each to its
+first n tokens, or under ``ragged_truncate = "columns"`` each by the longest row's last columns). After
 every rule each row of the running batch shows exactly its own tokens' keys and values.
 
 The cases servers meet are drawn on purpose (``RAGGED``, ``MERGES``, ``FILTERS``): a row empty beside a long
@@ -28,6 +29,7 @@ from ..judge.checks import expect_success
 from ..judge.failures import NonConformance
 from ..judge.policy import VALID, Due, Expect, Observed, unchanged
 from ..oracle import FLOAT64, NumberSystem
+from ..protocol.declarations import declared_ragged_truncate
 from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
 from .base import ConformanceMachine
@@ -65,6 +67,7 @@ class BatchesMachine(ConformanceMachine):
     def __init__(self, adapter: Any, numbers: NumberSystem = FLOAT64) -> None:
         super().__init__(adapter, numbers)
         self.families = tuple(g.layer_families(self.capabilities, self.limits))
+        self.by_columns = declared_ragged_truncate(adapter) == "columns"
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -558,26 +561,31 @@ class BatchesMachine(ConformanceMachine):
 
     @rule(data=st.data(), requires=[Capability.TRUNCATE], when=lambda self: self.window is None)
     def truncate(self, data: Draws) -> None:
-        """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; an invalid n is
+        """Every row keeps its first min(n, its length) tokens, n in [0, the longest row]; declared ragged_truncate
+        "columns", every row drops its last longest - n tokens instead (all it holds if fewer); an invalid n is
         INVALID_LENGTH where validates_length is claimed."""
         between = data.optional(g.on_purpose("any n", "between two rows' lengths"), "cuts", "any n") != "any n"
         if between and self.largest >= 2:
             self._make_ragged(data)
         held = sorted(len(row.rows) for row in self.rows)
         longest = max(held, default=0)
-        gaps = [n for n in range(1, longest) if held[0] < n < longest]
-        n = (data.draw(st.sampled_from(gaps).map(lambda v: g.Argument(v, None, f"n = {v}")), label="n between")
+        # n between the shortest and the longest row; by columns, the cut longest - n is (some row emptied, another
+        # keeping some of its tokens)
+        gaps = [longest - n if self.by_columns else n for n in range(1, longest) if held[0] < n < longest]
+        n = (data.draw(st.sampled_from(sorted(gaps)).map(lambda v: g.Argument(v, None, f"n = {v}")),
+                       label="n between")
              if between and gaps else data.draw(g.truncation_lengths(longest), label="n"))
-        what = f"truncate ragged rows of {[len(r.rows) for r in self.rows]} tokens to {n.value!r}"
+        what = f"truncate ragged rows of {[len(r.rows) for r in self.rows]} tokens to {n.value!r}" + \
+            (" columns" if self.by_columns else "")
         judged = self.call(what, lambda: self.adapter.truncate(self.cache, n.value),
                            due=Due.check(g.length_problem(n.value, longest)),
                            observe=lambda: self._observed(self.cache, what), replace=self._replace)
         if judged.to_judge and n.kind is None:
-            if any(len(row.rows) > int(n.value) for row in self.rows) and \
-                    any(len(row.rows) < int(n.value) for row in self.rows):  # type: ignore[call-overload]
+            bound = longest - int(n.value) if self.by_columns else int(n.value)  # type: ignore[call-overload]
+            if any(len(row.rows) > bound for row in self.rows) and any(len(row.rows) < bound for row in self.rows):
                 self.exercised("truncation shorter than one row, longer than another")
             for row in self.rows:
-                row.cut(min(int(n.value), len(row.rows)))  # type: ignore[call-overload]
+                row.cut(max(0, len(row.rows) - bound) if self.by_columns else min(bound, len(row.rows)))
 
     # -- lifecycle ------------------------------------------------------------------------------------
 

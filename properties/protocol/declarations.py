@@ -4,6 +4,8 @@
 - ``layer_limits``: the geometries its layers can take (``LayerLimits``);
 - ``dtype``, ``mixed_precision`` and ``storage``: the precision rule it is
   judged by (``declared_precision``, ``declared_storage``);
+- ``ragged_truncate``: which rows a truncation of a ragged batch cuts
+  (``declared_ragged_truncate``);
 - contradictions and claims that could never be observed
   (``declaration_problems``).
 
@@ -221,6 +223,22 @@ def check_precision(dtype: str, components: Any) -> dict[str, str]:
     return {str(name): str(value) for name, value in components.items()}
 
 
+# How truncate(cache, n) cuts a ragged batch (docs/spec.md §13.8): "per_row", each row keeps its first min(n, n_b)
+# tokens; "columns", the crop of a left-padded cache to n of its longest columns: every row drops its last
+# longest - n tokens (all of them if it holds fewer), as transformers' DynamicCache.crop under generate's layout.
+RAGGED_TRUNCATIONS = ("per_row", "columns")
+
+
+def declared_ragged_truncate(adapter: Any) -> str:
+    """The adapter's ``ragged_truncate`` (``"per_row"`` when absent); ValueError for any other value."""
+    given = getattr(adapter, "ragged_truncate", None)
+    if given is None:
+        return RAGGED_TRUNCATIONS[0]
+    if not isinstance(given, str) or given not in RAGGED_TRUNCATIONS:
+        raise ValueError(f"ragged_truncate must be one of {RAGGED_TRUNCATIONS}, got {given!r}")
+    return given
+
+
 def declaration_problems(adapter: Any) -> list[str]:
     """Declarations that contradict each other or could never be checked (a verdict must not claim them)."""
     capabilities = declared(adapter.capabilities)
@@ -251,6 +269,14 @@ def declaration_problems(adapter: Any) -> list[str]:
                                     Capability.BATCH_FILTER.value})
     if splits and Capability.RAGGED_ROWS.value not in capabilities:
         problems.append(f"declares {', '.join(splits)} without ragged_rows: they work on ragged batches")
+    if getattr(adapter, "ragged_truncate", None) is not None:
+        try:
+            declared_ragged_truncate(adapter)
+        except ValueError as error:
+            problems.append(str(error))
+        if not {Capability.RAGGED_ROWS.value, Capability.TRUNCATE.value} <= capabilities:
+            problems.append("declares ragged_truncate without ragged_rows and truncate: it says how a ragged batch "
+                            "is truncated")
     if Capability.LAYERED_CACHE.value in capabilities and not capabilities & LAYER_CONVENTIONS:
         problems.append("declares layered_cache without a layer convention (rope_interleaved, rope_half_split or "
                         "positionless): its layers are layer caches")
