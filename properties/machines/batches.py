@@ -38,6 +38,9 @@ from .layer_steps import layer_needs
 
 # The batch a ragged chunk is drawn to meet: the plain case first (where shrinking goes), then the hard ones.
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
+SHORTER = "an empty row given fewer tokens than the longest"  # truncate's cut between rows: by row and by columns
+# keep the same tokens where the shorter row is empty, so a cache cutting the wrong way shows only beside a row that
+# holds some
 WINDOW_EDGE = "rows at, past and before the window's edge"  # a windowed batch's hard case: n = W, W + 1, 0
 MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token",
           "into a batch of no rows")  # the last where batch_filter is declared: a filter to none first
@@ -154,6 +157,10 @@ class BatchesMachine(ConformanceMachine):
         rooms = [min(g.MAX_CHUNK, self.config.capacity - len(row.rows)) for row in rows]
         if case == RAGGED[2]:
             return [min(1, room) for room in rooms]
+        if case == SHORTER:
+            longest = max(len(row.rows) for row in rows)
+            return [data.draw(st.integers(1, min(room, longest - 1)), label="shorter")
+                    if not row.rows and min(room, longest - 1) >= 1 else 0 for row, room in zip(rows, rooms)]
         if case == RAGGED[1] and len(rows) >= 2 and any(not row.rows for row in rows):
             empty = data.draw(st.sampled_from([b for b, row in enumerate(rows) if not row.rows]), label="empty row")
             long = max((b for b in range(len(rows)) if b != empty), key=lambda b: (rooms[b], -b))
@@ -309,10 +316,11 @@ class BatchesMachine(ConformanceMachine):
         capacity above the RoPE positions: §4.2's kind, the running batch untouched."""
         past = self.config.rope is not None and self.limits.max_capacity is None  # (else outside the limits)
         # the rarer checks first: a derandomised run draws a list's first entries more often than its last
-        problem = data.draw(st.sampled_from([*[BAD_SIZES[6]] * (ZERO_AND_PAST if past else 0),
-                                             *[BAD_SIZES[5]] * ZERO_AND_PAST, *BAD_SIZES[:5]]), label="problem")
-        which = "capacity" if problem == BAD_SIZES[6] else data.draw(st.sampled_from(["batch", "capacity"]),
-                                                                     label="which")
+        # (problem, side): the zero's two sides interleaved, so each is met
+        zeros = [(BAD_SIZES[5], "capacity"), (BAD_SIZES[5], "batch")] * ZERO_AND_PAST
+        problem, side = data.draw(st.sampled_from([*[(BAD_SIZES[6], "capacity")] * (ZERO_AND_PAST if past else 0),
+                                                   *zeros, *((p, "") for p in BAD_SIZES[:5])]), label="problem")
+        which = side or data.draw(st.sampled_from(["batch", "capacity"]), label="which")
         bad: Any = {"negative": -1, "a bool": True, "a float": 2.0, "a string": "2", "None": None, "zero": 0}.get(
             problem, None if self.config.rope is None else self.config.rope.max_positions + 1)
         kind = (ErrorKind.CAPACITY_EXCEEDS_POSITIONS if problem == BAD_SIZES[6]
@@ -567,6 +575,8 @@ class BatchesMachine(ConformanceMachine):
         between = data.optional(g.on_purpose("any n", "between two rows' lengths"), "cuts", "any n") != "any n"
         if between and self.largest >= 2:
             self._make_ragged(data)
+            if not any(0 < len(row.rows) < max(len(r.rows) for r in self.rows) for row in self.rows):
+                self._append(data, self.cache, self.rows, SHORTER)
         held = sorted(len(row.rows) for row in self.rows)
         longest = max(held, default=0)
         # n between the shortest and the longest row; by columns, the cut longest - n is (some row emptied, another
