@@ -80,8 +80,9 @@ class BatchesMachine(ConformanceMachine):
         self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
                                                 min_capacity=4), label="config")
         least = self.limits.min_window or 1
-        self.window = data.optional(st.sampled_from([None, *range(least, max(least, 3) + 1)]), "window",
-                                                None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
+        windows = range(least, max(least, 3) + 1)  # no window half the time: truncation is drawn only there
+        self.window = data.optional(st.sampled_from([*[None] * len(windows), *windows]), "window",
+                                    None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
         self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
         self.weights = self.config.weights
         handed = Inputs()
