@@ -162,7 +162,8 @@ class Handle:
 
 
 def _library_cache(handle: Any) -> Any:
-    """The library's cache a handle holds; a ragged batch (docs/spec.md §13.8) is the reference's own, no handle."""
+    """The library's cache a handle holds; a ragged batch or a layered cache (docs/spec.md §13.8, §13.9) is the
+    reference's own, no handle."""
     return handle.cache if isinstance(handle, Handle) else handle
 
 
@@ -193,7 +194,7 @@ class ResetByReplacement(ReferenceAdapter):
         super().truncate(_library_cache(handle), n)
 
     def reorder(self, handle: Handle, indices: Any) -> None:
-        super().reorder(handle.cache, indices)
+        super().reorder(_library_cache(handle), indices)
 
     def select(self, handle: Handle, indices: Any) -> None:
         super().select(_library_cache(handle), indices)
@@ -201,7 +202,9 @@ class ResetByReplacement(ReferenceAdapter):
     def repeat_interleave(self, handle: Handle, repeats: Any) -> None:
         super().repeat_interleave(_library_cache(handle), repeats)
 
-    def fork(self, handle: Handle) -> Handle:
+    def fork(self, handle: Handle) -> Any:
+        if not isinstance(handle, Handle):  # a ragged batch (docs/spec.md §13.8): the reference's own
+            return super().fork(handle)
         return Handle(handle.cache.fork(), handle.layer, handle.window)
 
     def snapshot(self, handle: Handle) -> Any:

@@ -278,8 +278,10 @@ def test_non_prefix_selections_are_made_on_caches_holding_rows() -> None:
 def test_reorders_that_move_rows_are_made_on_caches_holding_rows() -> None:
     Seen.clear()
     drive(watched(CacheOperationsMachine, make_full_declaration_adapter()), dev())
+    # (a stale cache replaced first may come back at the configured batch of 1, where no reorder moves a row: the
+    # rule then draws any indices)
     made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["meets"] == REORDERS[1]
-            and what.startswith("reorder")]
+            and what.startswith("reorder") and s["batch"] >= 2]
     assert len(made) >= 5 and all(s["held"] > 0 and s["due"].kind is None for _, s in made), len(made)
     orders = [what.rsplit("indices ", 1)[1] for what, _ in made]
     assert all(order not in ("[0, 1]", "[0, 1, 2]") for order in orders), orders  # never the identity
