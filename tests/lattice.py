@@ -167,6 +167,12 @@ def _library_cache(handle: Any) -> Any:
     return handle.cache if isinstance(handle, Handle) else handle
 
 
+def _gelu_table_over_a_float32_cache() -> Any:
+    """The float16 GELU table's engine with its cache in float32."""
+    adapter = make_gelu_table_model_adapter()
+    adapter.kv_storage = "float32"
+    return adapter
+
 class ResetByReplacement(ReferenceAdapter):
     """A library with no reset: the adapter's cache handle holds the library's cache, and reset puts a new, empty
     one in. It keeps the old one's binding (docs/spec.md §6.1: a stale cache stays stale) -- here a copy emptied;
@@ -545,9 +551,10 @@ MODEL_TWINS: dict[str, tuple[Callable[[], Any], str, dict[str, Any], str]] = {
     "model-uniform-windows-claims-interleaved": (lambda: Declared(
         "twin-uniform-windows", MODEL_ONLY | INTERLEAVED, UniformWindows(), layer_caches=False), "model", {}, ""),
     # a GELU read from a float16 table over a float16 cache, undeclared: up to 2.6 x the float32 rule's budget
+    # over a float32 cache: over a float16 one the storage estimate (§15.6) bounds the table's rounding as well
     "model-gelu-float16-table-undeclared": (lambda: Declared(
-        "twin-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, make_gelu_table_model_adapter(),
-        layer_caches=False, dtype="float32", kv_storage="float16", model_limits=GEMMA3, activation_table=None),
+        "twin-gelu-float16-table", MODEL_ONLY | {"interleaved_windows"}, _gelu_table_over_a_float32_cache(),
+        layer_caches=False, dtype="float32", kv_storage="float32", model_limits=GEMMA3, activation_table=None),
         "model", {}, ""),
     # a Llama-only engine claiming gemma3: the switches ignored
     "model-llama-only-claims-gemma3": (lambda: Declared(
