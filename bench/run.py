@@ -643,23 +643,29 @@ def bench_margins(seeds: int = 20) -> None:
         print(f"{'rule':6} {'member':22} {'runs':>6} {'failed':>6} {'margin':>7} {'median':>7} {'error':>9} "
               f"{'tolerance':>9} {'CPU s':>7}  first failure")
         for name in members:
-            runs = failed = 0
-            worst, first, cpu, margins = (0.0, 1.0), "", time.process_time(), []
-            for seed in range(seeds):
-                result = run_member(kind, name, settings, trace_dir=directory / f"{kind}-{name}-{seed}",
-                                    shrink_seconds=2.0)
-                runs, rule = runs + result.runs, result.rule or rule
-                worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
-                margins.append(result.worst[0] / result.worst[1])
-                if result.failure is not None:
-                    failed += 1
-                    first = first or str(result.failure).splitlines()[0][:100]
-            middle = statistics.median(margins)
-            print(f"{kind:6} {name:22} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {middle:7.3f} {worst[0]:9.2e} "
-                  f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}")
+            row, rule = _margin_row(seeds, lambda seed, kind=kind, name=name: run_member(
+                kind, name, settings, trace_dir=directory / f"{kind}-{name}-{seed}", shrink_seconds=2.0))
+            print(f"{kind:6} {name:22} {row}")
         print(f"  ({kind} rule: {rule})")
     print(f"(failing runs' traces under {directory})")
     bench_storage_margins(seeds)
+
+
+def _margin_row(seeds: int, run_one: Any) -> tuple[str, str]:
+    """``run_one(seed)`` for each seed: the row of a margins table (runs, failing seeds, worst and median error /
+    tolerance, worst error and its tolerance, CPU seconds, the first failure) and the rule judged."""
+    runs = failed = 0
+    worst, first, cpu, margins, rule = (0.0, 1.0), "", time.process_time(), [], ""
+    for seed in range(seeds):
+        result = run_one(seed)
+        runs, rule = runs + result.runs, result.rule or rule
+        worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
+        margins.append(result.worst[0] / result.worst[1])
+        if result.failure is not None:
+            failed += 1
+            first = first or str(result.failure).splitlines()[0][:100]
+    return (f"{runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {statistics.median(margins):7.3f} {worst[0]:9.2e} "
+            f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}"), rule
 
 
 # the honest storage declarations of tests/lattice.py: a whole model's kv_storage (docs/spec.md §15.6's estimate)
@@ -686,24 +692,16 @@ def bench_storage_margins(seeds: int = 20, names: tuple[str, ...] | None = None)
     print(f"storage rules, {seeds} random seeds per declaration (profile dev, no example database)")
     print(f"{'machine':12} {'declaration':32} {'runs':>6} {'failed':>6} {'margin':>7} {'median':>7} {'error':>9} "
           f"{'tolerance':>9} {'CPU s':>7}  first failure")
+    settings = profiles.settings_for("dev", database=None, derandomize=False, deadline=None)
     for name in chosen:
         machine = "model" if name.startswith("model-") else "layer_cache"
-        runs = failed = 0
-        worst, first, cpu, margins, rule = (0.0, 1.0), "", time.process_time(), [], ""
-        for seed in range(seeds):
+
+        def run_one(seed: int, machine: str = machine, name: str = name) -> Any:
             adapter = getattr(impl.conformance, name)() if name.startswith("make_") else variant(name)
-            settings = profiles.settings_for("dev", database=None, derandomize=False, deadline=None)
-            result = run_machine(machine, adapter, property_id=f"bench::storage::{name}::{seed}", settings=settings,
-                                 trace_dir=directory / f"{name}-{seed}", shrink_seconds=2.0)
-            runs, rule = runs + result.runs, result.rule or rule
-            worst = max(worst, result.worst, key=lambda pair: pair[0] / pair[1])
-            margins.append(result.worst[0] / result.worst[1])
-            if result.failure is not None:
-                failed += 1
-                first = first or str(result.failure).splitlines()[0][:100]
-        middle = statistics.median(margins)
-        print(f"{machine:12} {name:32} {runs:6} {failed:6} {worst[0] / worst[1]:7.3f} {middle:7.3f} {worst[0]:9.2e} "
-              f"{worst[1]:9.2e} {time.process_time() - cpu:7.1f}  {first}", flush=True)
+            return run_machine(machine, adapter, property_id=f"bench::storage::{name}::{seed}", settings=settings,
+                               trace_dir=directory / f"{name}-{seed}", shrink_seconds=2.0)
+        row, rule = _margin_row(seeds, run_one)
+        print(f"{machine:12} {name:32} {row}", flush=True)
         print(f"  ({rule})")
     print(f"(failing runs' traces under {directory})")
 
