@@ -439,17 +439,8 @@ class HfRowsAdapter(HfModelAdapter):
         for row, indices in enumerate(mine):
             for j, index in enumerate(indices):
                 ids[row, j], positions[row, j] = batch.tokens[index], batch.positions[index]
-        try:
-            with torch.no_grad():
-                out = context.model.hf(input_ids=ids, position_ids=positions,
-                                       attention_mask=self.attention_mask(context, mine, positions),
-                                       cache=context.cache, use_cache=True)
-        except BaseException:
-            for layer in context.cache.layers:
-                now = int(layer.get_seq_length()) if layer.is_initialized else 0
-                if now != slots:
-                    layer.crop(slots - now)
-            raise
+        out = _forward_rolled_back(context, slots, input_ids=ids, position_ids=positions,
+                                   attention_mask=self.attention_mask(context, mine, positions))
         logits = np.zeros((len(batch.tokens), context.model.config.vocab))
         for row, indices in enumerate(mine):
             for j, index in enumerate(indices):
@@ -538,16 +529,7 @@ class HfPaddedRowsAdapter(HfRowsAdapter):
         held = torch.tensor([[int(v) for v in row] for row in context.valid], dtype=torch.long).reshape(rows, slots)
         mask = torch.cat([held, new], dim=1)
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, slots:]
-        try:
-            with torch.no_grad():
-                out = context.model.hf(input_ids=ids, position_ids=positions, attention_mask=mask,
-                                       cache=context.cache, use_cache=True)
-        except BaseException:
-            for layer in context.cache.layers:
-                now = int(layer.get_seq_length()) if layer.is_initialized else 0
-                if now != slots:
-                    layer.crop(slots - now)
-            raise
+        out = _forward_rolled_back(context, slots, input_ids=ids, position_ids=positions, attention_mask=mask)
         logits = np.zeros((len(batch.tokens), context.model.config.vocab))
         for row, indices in enumerate(mine):
             start = longest - len(indices)
@@ -612,3 +594,17 @@ def dynamic_cache_padded() -> HfPaddedRowsAdapter:
 def dynamic_cache_stock() -> HfModelAdapter:
     """transformers' numerics untouched (float32 RMSNorm and RoPE table), declaring both."""
     return HfModelAdapter("hf-llama-model-dynamic-cache-stock", float64_steps=False)
+
+
+def _forward_rolled_back(context: Any, slots: int, **inputs: Any) -> Any:
+    """The model's forward over the context's cache; where it raises, every layer cropped back to ``slots`` columns
+    (a call that raises changes nothing, docs/spec.md §5.1)."""
+    try:
+        with torch.no_grad():
+            return context.model.hf(**inputs, cache=context.cache, use_cache=True)
+    except BaseException:
+        for layer in context.cache.layers:
+            now = int(layer.get_seq_length()) if layer.is_initialized else 0
+            if now != slots:
+                layer.crop(slots - now)
+        raise
