@@ -4,7 +4,8 @@ are: a random run of the default profile reaches each case too, but "at least th
 (about one random run in five met some case only twice), and a test of it would flake.
 
 - every malformed-input and over-capacity rule of the layer machines and the session meets an empty cache (session)
-  and one holding rows (tokens); a stale cache holding rows is cut, then refuses a row;
+  and one holding rows (tokens); a stale cache holding rows is cut, then refuses a row; one holding rows is cut
+  past its length;
 - under a hit limit that drops the last hit, the paged request-key and duplicate rules reach hits that survive it,
   and a keyed prompt is added past a block an append filled;
 - valid selections other than the leading rows, and valid reorders that move rows, are made on caches holding rows;
@@ -245,6 +246,10 @@ def test_every_rejection_rule_meets_an_empty_cache_and_rows_held(name: str, mach
         removed = [what for r, what, s in Seen.calls if r == "truncate" and s["meets"] == CUTS[2]
                    and what.startswith("truncate") and int(what.rsplit(" to ", 1)[1]) < s["held"]]
         assert len(removed) >= 3, len(removed)
+        past = [s for r, what, s in Seen.calls if r == "truncate" and s["meets"] == CUTS[3]
+                and what.startswith("truncate") and s["held"] > 0 and s["due"].kind == ErrorKind.INVALID_LENGTH
+                and int(what.rsplit(" to ", 1)[1]) > s["held"]]
+        assert len(past) >= 3, len(past)  # a cache holding rows cut past its length
 
 
 @pytest.mark.slow

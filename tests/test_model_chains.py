@@ -59,7 +59,8 @@ MOST = 0.25  # no rule's share of the steps above this, under dev or thorough (t
 NOT_DECLARED = {"batch_across_micro_batches"}
 # run only for a windowed model, half of those drawn here: their floor is tests/test_model_windows.py's, under an
 # adapter whose stores evict (three models in four windowed)
-WINDOWED = {"outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window"}
+WINDOWED = {"outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window",
+            "evict_a_cell_another_sequence_sees"}  # the last only where stores evict (window_cells: visible)
 
 # The window's edges on purpose (issue 37): each case, and the rule that sets it up. These rules are drawn only where
 # the drawn model has a window (half the models of an adapter declaring sliding_window) whose sequences a store can

@@ -15,6 +15,7 @@ import pytest
 from impl.conformance import make_full_declaration_adapter
 from impl.model_conformance import make_ring_model_adapter, make_windowed_store_model_adapter
 from kvcache_conformance.machines.base import CALL_OUTCOMES
+from kvcache_conformance.machines.model import EVICTED_SHARED
 from kvcache_conformance.oracle import ContextConfig, ModelBatch, ModelConfig, random_model_weights
 from kvcache_conformance.oracle.model import CellContext, Model
 from kvcache_conformance.protocol.declarations import declaration_problems
@@ -138,7 +139,8 @@ def test_attention_sinks_may_be_declared_by_a_whole_model_with_a_window() -> Non
 
 # -- the machine meets the window's edges on purpose ------------------------------------------------------------------
 
-WINDOWED = ("outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window")
+WINDOWED = ("outgrow_the_window_then_change", "sinks_past_a_wrap", "remove_to_the_end_around_a_full_window",
+            "evict_a_cell_another_sequence_sees")
 FLOOR = 0.004  # tests/test_model_chains.py's floor of a rule's share of the steps
 # The evicting store's run is twice the default run's examples, as tests/test_model_chains.py's WINDOW_EXAMPLES: these
 # rules run only for the windowed half of the models, and 100 examples were one program's luck. Measured 2026-12-06,
@@ -148,6 +150,10 @@ FLOOR = 0.004  # tests/test_model_chains.py's floor of a rule's share of the ste
 # five random runs before the change 0 to 14 and 1 to 67 -- no 100 examples meet each case in every run; the
 # derandomised run of 200 gives the three rules 0.0225, 0.0129, 0.0187 and meets the cases 162, 16 and 24 times.
 EVICTING_EXAMPLES = 200
+# evict_a_cell_another_sequence_sees runs only in a unified context of two or more sequences, under a store that evicts:
+# measured 2026-12-06, the derandomised run of 200 gives it 0.0039 of the steps (the case met 20 times), five random
+# runs of 200 0.0061 to 0.0169 (met 28 to 72 times, ring and windowed store); its floor is a quarter of the first.
+RULE_FLOORS = {"evict_a_cell_another_sequence_sees": 0.001}
 
 
 @functools.cache
@@ -169,7 +175,8 @@ def test_the_window_rules_keep_their_floor_where_stores_evict() -> None:
     steps = {rule: times for (rule, what), times in run(make_ring_model_adapter, EVICTING_EXAMPLES).items()
              if what == RAN}
     total = sum(steps.values())
-    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED if steps.get(rule, 0) / total < FLOOR}
+    thin = {rule: round(steps.get(rule, 0) / total, 4) for rule in WINDOWED
+            if steps.get(rule, 0) / total < RULE_FLOORS.get(rule, FLOOR)}
     assert not thin, thin
 
 
@@ -178,7 +185,8 @@ def test_eviction_a_refusal_for_an_evicted_cell_and_a_sink_past_a_wrap_are_met_i
     cases = exercised(make_ring_model_adapter, EVICTING_EXAMPLES)
     for rule, case in (("outgrow_the_window_then_change", "window outgrown"),
                        ("outgrow_the_window_then_change", "refused for an evicted cell"),
-                       ("sinks_past_a_wrap", "sink kept past a wrap")):
+                       ("sinks_past_a_wrap", "sink kept past a wrap"),
+                       ("evict_a_cell_another_sequence_sees", EVICTED_SHARED)):
         assert cases[(rule, case)] >= 3, (rule, case, sorted(cases.items()))
 
 

@@ -44,7 +44,10 @@ REORDERS = ("any indices", "a reorder that moves rows, on rows held")
 # Where a reorder draws any indices: as drawn (a negative index in one of 24), or on purpose a negative index, on rows
 # held -- a gather that wraps it (numpy's indexing) takes it as a row.
 NEGATIVE = ("any indices", "a negative index, on rows held")
-CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then a row")
+# The last, a cut past the length of a cache holding rows: a plain draw of n is above the length in one call of
+# fourteen (issue 36: a cache accepting it survived 2 ci runs in 20).
+CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then a row",
+        "rows held, cut past the length")
 # A cut after the window evicts: of W or W + 1 rows (the edge), or on purpose of W + S + 1 rows into what a ring of
 # W + S slots let go (with sinks half the windows are rings that have let nothing go at W + 1).
 EVICTED_CUTS = ("at the window's edge", "into rows a ring let go")
@@ -172,7 +175,8 @@ class CacheOperationsMachine(LayerSteps):
         holding rows, cut, then a row: REVISION_MISMATCH where binding_checks is claimed -- a cut keeps the cache
         bound to the parameters its rows were computed with; one that binds itself anew takes a stale cache back. And
         a cache holding rows, cut below its length, then a row (a cut that removes rows held, not only a stale
-        one's); in a windowed run also a cut into rows a ring let go (``_cut_into_rows_let_go``)."""
+        one's), and one holding rows cut past its length; in a windowed run also a cut into rows a ring let go
+        (``_cut_into_rows_let_go``)."""
         cases = CUTS if self.window is None else (*CUTS, EVICTED_CUTS[1])  # a windowed run's case too
         cuts = data.optional(g.on_purpose(*cases), "cuts", CUTS[0])
         if cuts == EVICTED_CUTS[1] and self._can_cut_into_rows_let_go:
@@ -181,6 +185,9 @@ class CacheOperationsMachine(LayerSteps):
             self._truncate_a_stale_cache_then_append(data)
         elif cuts == CUTS[2]:
             self._truncate_rows_held_then_append(data)
+        elif cuts == CUTS[3]:  # INVALID_LENGTH where claimed, nothing changed
+            self.hold_rows(data)
+            self._truncate(len(self.model.rows) + data.draw(st.integers(1, 2), label="past the length by"))
         else:
             self._truncate(data.draw(g.truncation_lengths(len(self.model.rows), self.window), label="n").value)
 
