@@ -274,14 +274,15 @@ def _with_error(x: Estimated, bound: float) -> Estimated:
     return Estimated(x.value, math.hypot(x.settled(), bound), x.rounding)
 
 
-def rounding_errors(dtype: str, *, quantized_cache: bool = False) -> NumberSystem:
+def rounding_errors(dtype: str, *, whole_model: bool = False) -> NumberSystem:
     """The oracle's computation with every scalar carrying the error any ``dtype`` evaluation of it may have;
-    its ``to_float`` reads that error (see the module's docstring). ``quantized_cache``: for the estimate over a
-    cache narrower than the computation (``EstimatedStorage``, docs/spec.md §15.6): every RMSNorm output and
-    probability bounded by what any evaluation of it lies within (``NumberSystem.within``), the softmax's error
-    from its derivative (``_softmax``), and ``float64`` taken too (its own rounding negligible beside the
-    cache's)."""
-    if dtype not in LOW_PRECISIONS and not (quantized_cache and dtype == "float64"):
+    its ``to_float`` reads that error (see the module's docstring). ``whole_model``: for a whole model's estimate
+    (docs/spec.md §15.6: over a cache narrower than the computation, ``EstimatedStorage``, or of a float64 model
+    whose own rounding may come near 1e-12): every RMSNorm output and probability bounded by what any evaluation
+    of it lies within (``NumberSystem.within``), the softmax's error from its derivative (``_softmax``), and
+    ``float64`` taken too. Without those bounds the estimate of a deep model runs away (a 7-layer Gemma 3 in
+    float32: an error as large as its logits)."""
+    if dtype not in LOW_PRECISIONS and not (whole_model and dtype == "float64"):
         raise ValueError(f"dtype must be one of {LOW_PRECISIONS}, got {dtype!r}")
     rounding = _Rounding(dtype)
 
@@ -301,6 +302,6 @@ def rounding_errors(dtype: str, *, quantized_cache: bool = False) -> NumberSyste
         to_float=Estimated.settled,
         is_finite=lambda value: math.isfinite(value.value) and math.isfinite(value.settled()),
         reads_errors=True,
-        within=_within if quantized_cache else None,
-        softmax=_softmax if quantized_cache else None,
+        within=_within if whole_model else None,
+        softmax=_softmax if whole_model else None,
     )

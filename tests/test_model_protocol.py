@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from impl.model_conformance import ModelReferenceAdapter
 from kvcache_conformance.judge.policy import Due, Expect
 from kvcache_conformance.judge.tolerance import Judge
 from kvcache_conformance.oracle import FLOAT64, ContextConfig, ModelConfig, StorageFormat
+from kvcache_conformance.oracle.model_config import gemma3_config, random_model_weights
 from kvcache_conformance.protocol import ModelLimits, ModelPolicy, ModelPolicyError
 from kvcache_conformance.protocol.declarations import declaration_problems
 from kvcache_conformance.protocol.kinds import ErrorKind
@@ -168,6 +170,23 @@ def test_the_model_judge_reads_dtype_and_kv_storage() -> None:
     # a narrower cache: the errors any correct store and float32 evaluation may have (docs/spec.md §15.6)
     assert narrow.naive.reads_errors and narrow.naive.within is not None and narrow.naive.softmax is not None
     assert narrow.naive.name == "rounding errors of float32"
+
+
+def test_a_float64_model_whose_rounding_may_come_near_1e_12_is_judged_by_its_estimate() -> None:
+    """docs/spec.md §15.6 (change 59): a 7-layer Gemma 3 (whose correct evaluations err up to 8.1e-12) token by
+    token by its float64 estimate, plus 1e-12; a 1-layer Llama at 1e-12, as before; other dtypes untouched."""
+    judge = Judge.for_model(adapter(), FLOAT64)
+    shallow = ModelConfig(layers=1)
+    assert judge.for_weights(shallow, random_model_weights(shallow, 0)) is judge
+    deep_config = gemma3_config(layers=7, window=2, window_pattern=6)
+    deep = judge.for_weights(deep_config, random_model_weights(deep_config, 0))
+    assert deep.estimates_float64 and deep.naive.reads_errors and deep.naive.within is not None
+    assert "each token's |error| <= 2 x the largest error any correct float64 evaluation" in deep.rule
+    estimates = np.array([[1e-12, 0.5e-12, 0.0], [3e-12, 0.0, 0.0]])
+    assert np.allclose(deep.tolerance(np.ones((2, 3)), estimates), [[3e-12], [7e-12]], rtol=0, atol=1e-24)
+    assert judge.tolerance(np.ones((2, 3)), None) == 1e-12
+    wider = Judge.for_model(adapter(dtype="float32"), FLOAT64)
+    assert wider.for_weights(deep_config, random_model_weights(deep_config, 0)) is wider
 
 
 def test_a_call_outside_the_model_is_unclaimed_whatever_is_declared() -> None:

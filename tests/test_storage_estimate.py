@@ -49,7 +49,7 @@ def test_llama_cpp_s_float32_store_is_within_the_bound(format: str) -> None:
 
 
 def test_a_key_re_quantized_at_each_move_carries_one_bound_per_quantization() -> None:
-    numbers = rounding_errors("float32", quantized_cache=True)
+    numbers = rounding_errors("float32", whole_model=True)
     storage = kv_storage_of(StorageFormat("q8_0", "per_block"), numbers)
     assert isinstance(storage, EstimatedStorage)
     row = [numbers.number(v) for v in np.random.default_rng(2).normal(0, 1, 32)]
@@ -61,7 +61,7 @@ def test_a_key_re_quantized_at_each_move_carries_one_bound_per_quantization() ->
 def test_the_softmax_estimate_bounds_perturbed_scores() -> None:
     """Scores perturbed within their errors move each probability by at most the estimate (first order, scores
     of errors up to 0.5)."""
-    numbers = rounding_errors("float32", quantized_cache=True)
+    numbers = rounding_errors("float32", whole_model=True)
     assert numbers.softmax is not None
     rng = np.random.default_rng(3)
     for _ in range(300):
@@ -85,7 +85,7 @@ def test_an_rms_norm_of_a_state_near_zero_stays_bounded() -> None:
     from kvcache_conformance.oracle.model import rms_norm
     from kvcache_conformance.oracle.rounding import Estimated
 
-    numbers = rounding_errors("float32", quantized_cache=True)
+    numbers = rounding_errors("float32", whole_model=True)
     rounding = numbers.number(1.0).rounding
     x = [Estimated(1e-4, 1.0, rounding), Estimated(-2e-4, 1.0, rounding)]
     w = [numbers.number(1.5), numbers.number(0.5)]
@@ -132,7 +132,7 @@ def test_correct_stores_of_every_kind_are_within_the_rule(rule: StorageFormat) -
     weights = random_model_weights(config, 4)
     tokens = [3, 1, 4, 1, 5, 9]
     truth = full_model(tokens, config, weights)
-    numbers = rounding_errors("float32", quantized_cache=True)
+    numbers = rounding_errors("float32", whole_model=True)
     estimate = full_model(tokens, config, weights, numbers=numbers, kv_storage=kv_storage_of(rule, numbers))
     judge = Judge("float32", FLOAT64, storage=rule, estimates_storage=True)
     tolerance = np.asarray(judge.tolerance(truth, estimate))

@@ -153,6 +153,7 @@ class ModelMachine(ConformanceMachine):
         handed = Inputs()
         given = handed("weights", self.weights)
         self.model = self.must("create the model", lambda: self.adapter.create_model(self.config, given), handed)
+        self.judge = self.judge.for_weights(self.config, self.weights)  # a deep float64 model: by its estimate
         naive = self.judge.naive
         self.oracle_models = [Model(self.config, self.weights, numbers=self.judge.oracle)]
         if naive is not None:
