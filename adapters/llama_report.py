@@ -52,6 +52,7 @@ PLAN = (
     Run("q8_0", "make_isolated_q8_0_adapter", in_ci=False),  # block formats (flash attention), head width 32
     Run("q4_0", "make_isolated_q4_0_adapter", in_ci=False),
     Run("q8_0_no_rotation", "make_isolated_q8_0_no_rotation_adapter", in_ci=False),  # LLAMA_ATTN_ROT_DISABLE=1
+    Run("micro_batch", "make_isolated_micro_batch_adapter", in_ci=False),  # f32, n_ubatch 3: batches split
     # windowed models as gemma3 over llama.cpp's two stores (docs/llama-cpp/windows.md): swa_full on (llama.cpp's
     # default) and off; at the suite's sizes both stores have 256 cells, so off differs from on only past them
     Run("windows", "make_isolated_windows_adapter", in_ci=False, windows=True, causes=10),
