@@ -89,7 +89,9 @@ class BatchesMachine(ConformanceMachine):
         self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
                                                 min_capacity=4), label="config")
         least = self.limits.min_window or 1
-        windows = range(least, max(least, 3) + 1)  # no window half the time: truncation is drawn only there
+        # no window half the time: truncation is drawn only there; a window of 2 or more first (drawn more often):
+        # a window of one sees its own token alone, where no window's edge falls between the tokens a row holds
+        windows = sorted(range(least, max(least, 3) + 1), key=lambda w: w < 2)
         self.window = data.optional(st.sampled_from([*[None] * len(windows), *windows]), "window",
                                     None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
         self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
@@ -131,7 +133,8 @@ class BatchesMachine(ConformanceMachine):
         empty beside one filled as far as its room allows, or one token per row (a decode step); under a window,
         rows at, past and before its edge, then one token for each row holding some beside a prefill of the empty
         one (the rows decoding padded in the chunk)."""
-        case = data.optional(g.on_purpose(*RAGGED, *([WINDOW_EDGE] if self.window else [])), "ragged", RAGGED[0])
+        case = data.optional(g.on_purpose(RAGGED[0], *([WINDOW_EDGE] if self.window else []), *RAGGED[1:]), "ragged",
+                             RAGGED[0])  # the window's edge first: a list's first entries are drawn more often
         if case == WINDOW_EDGE:
             case = BESIDE_A_PREFILL
             if self.largest >= 2:
