@@ -23,7 +23,7 @@ from impl.conformance import (
     make_uint4_extreme_adapter,
     make_uint4_group_adapter,
 )
-from kvcache_conformance.machines.batches import UNSTORED, BatchesMachine
+from kvcache_conformance.machines.batches import PADDED_IN_THE_WINDOW, UNEVEN_MET, UNSTORED, BatchesMachine
 from kvcache_conformance.oracle import AttentionWeights, RopeConfig, full_prefix_attention
 from kvcache_conformance.protocol.declarations import declaration_problems, declared_ragged_truncate
 from kvcache_conformance.run import exercise, profiles, selection
@@ -41,7 +41,7 @@ CASES = ("rows at different offsets", "rows at different offsets, grouped-query 
          "a ragged cache's creation rejected: zero_capacity",
          "a ragged cache's creation rejected: capacity_exceeds_positions",
          "filter keeping rows of different lengths out of their order", "rows at different offsets past a window",
-         "rows at, past and before the window's edge")
+         "rows at, past and before the window's edge", PADDED_IN_THE_WINDOW, UNEVEN_MET)
 
 
 class Counted(BatchesMachine):

@@ -8,8 +8,9 @@ first n tokens, or under ``ragged_truncate = "columns"`` each by the longest row
 every rule each row of the running batch shows exactly its own tokens' keys and values.
 
 The cases servers meet are drawn on purpose (``RAGGED``, ``MERGES``, ``FILTERS``): a row empty beside a long
-one, one token per row, merges with and into a batch that holds no token, filters to one row and to none; the
-layer's family (GQA included) is drawn per example, as in the layer machine.
+one, one token per row, under a window a decode beside a prefill, merges with and into a batch that holds no token
+and of batches whose longest rows differ, filters to one row and to none; the layer's family (GQA included) is
+drawn per example, as in the layer machine.
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ SHORTER = "an empty row given fewer tokens than the longest"  # truncate's cut b
 # keep the same tokens where the shorter row is empty, so a cache cutting the wrong way shows only beside a row that
 # holds some
 WINDOW_EDGE = "rows at, past and before the window's edge"  # a windowed batch's hard case: n = W, W + 1, 0
+BESIDE_A_PREFILL = "one token per row beside a prefill"  # the window edge's chunk: each row holding tokens decodes
+# one, padded beside an empty row given 2 or more (a decode and a prefill in one step, as continuous batching has)
+PADDED_IN_THE_WINDOW = "a row padded in a chunk, its window reaching tokens it held"  # where a window counted in
+# the padded layout's columns instead of the row's own positions hides some of them
 MERGES = ("a batch holding tokens", "a batch holding no token", "into a batch holding no token",
           "into a batch of no rows")  # the last where batch_filter is declared: a filter to none first
+UNEVEN = "a batch holding tokens into one holding tokens, the longest rows unequal"  # a merge's hard case: the
+# shorter side's rows padded anew, before their tokens
+UNEVEN_MET = "merge of batches holding tokens, the longest rows unequal"
 FILTERS = ("any rows", "one row", "no rows", "invalid rows", "rows out of order")
 FILTERS_DRAWN = (FILTERS[0], FILTERS[4], FILTERS[1], FILTERS[2], FILTERS[3])  # the order drawn (a later one is met
 # less often in a derandomised run)
@@ -51,7 +59,8 @@ EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
 PAST_ROOM = ("any row", "a full row beside shorter ones")  # an append after which some row holds more than C
 OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since")  # a merge of a cache bound elsewhere
 BAD_SIZES = ("negative", "a bool", "a float", "a string", "None", "zero", "above the RoPE positions")
-ZERO_AND_PAST = 3  # how many times more often than each of the other problems a zero and the positions' check
+ZERO = 3  # how many times more often than each of the other problems a zero of either side is drawn
+PAST = 2 * ZERO  # and the positions' check (under RoPE), as often as a zero of either side: the one way to meet it
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
 UNSTORED = ("a ragged batch is judged under a storage whose scales are each row's own (scale none or per_group, "
             "docs/spec.md §13.8): a scale over the whole batch (per_tensor, per_channel) is not a scale of one row")
@@ -80,7 +89,9 @@ class BatchesMachine(ConformanceMachine):
         self.config = data.draw(g.layer_configs(self.capabilities, limits=self.limits, families=self.families,
                                                 min_capacity=4), label="config")
         least = self.limits.min_window or 1
-        windows = range(least, max(least, 3) + 1)  # no window half the time: truncation is drawn only there
+        # no window half the time: truncation is drawn only there; a window of 2 or more first (drawn more often):
+        # a window of one sees its own token alone, where no window's edge falls between the tokens a row holds
+        windows = sorted(range(least, max(least, 3) + 1), key=lambda w: w < 2)
         self.window = data.optional(st.sampled_from([*[None] * len(windows), *windows]), "window",
                                     None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
         self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
@@ -119,10 +130,13 @@ class BatchesMachine(ConformanceMachine):
     def append_ragged(self, data: Draws) -> None:
         """A chunk of its own number of tokens for every row (0 included), left-padded: each row attends to its
         own tokens only, at its own positions; or REVISION_MISMATCH if stale. On purpose (``RAGGED``) one row left
-        empty beside one filled as far as its room allows, or one token per row (a decode step)."""
-        case = data.optional(g.on_purpose(*RAGGED, *([WINDOW_EDGE] if self.window else [])), "ragged", RAGGED[0])
+        empty beside one filled as far as its room allows, or one token per row (a decode step); under a window,
+        rows at, past and before its edge, then one token for each row holding some beside a prefill of the empty
+        one (the rows decoding padded in the chunk)."""
+        case = data.optional(g.on_purpose(RAGGED[0], *([WINDOW_EDGE] if self.window else []), *RAGGED[1:]), "ragged",
+                             RAGGED[0])  # the window's edge first: a list's first entries are drawn more often
         if case == WINDOW_EDGE:
-            case = RAGGED[2]  # then one token per row
+            case = BESIDE_A_PREFILL
             if self.largest >= 2:
                 self._around_the_window_edge(data)
         elif case == RAGGED[2] and self.largest >= 2:
@@ -158,6 +172,9 @@ class BatchesMachine(ConformanceMachine):
         rooms = [min(g.MAX_CHUNK, self.config.capacity - len(row.rows)) for row in rows]
         if case == RAGGED[2]:
             return [min(1, room) for room in rooms]
+        if case == BESIDE_A_PREFILL:
+            return [min(1, room) if row.rows or room < 2 else data.draw(st.integers(2, room), label="prefill")
+                    for row, room in zip(rows, rooms)]
         if case == SHORTER:
             longest = max(len(row.rows) for row in rows)
             return [data.draw(st.integers(1, min(room, longest - 1)), label="shorter")
@@ -199,6 +216,9 @@ class BatchesMachine(ConformanceMachine):
         if not isinstance(output, np.ndarray) or output.shape != x.shape:
             raise NonConformance(f"{what}: output of shape {getattr(output, 'shape', None)}, but the chunk is "
                                  f"{x.shape}", kind="wrong output shape", check="output")
+        # its last query sees tokens it held beyond the chunk's columns (a window counted in columns would not)
+        padded = self.window is not None and any(0 < length < min(self.window, tokens) and len(row.rows) >= max(
+            1, self.window - tokens + 1) for row, length in zip(rows, lengths))
         for b, (row, length) in enumerate(zip(rows, lengths)):
             if not length:
                 continue
@@ -209,6 +229,8 @@ class BatchesMachine(ConformanceMachine):
                              axes=("step row", "feature"))
             row.rows, row.trace = new_rows, trace
         self._note_ragged(rows, lengths)
+        if padded:
+            self.exercised(PADDED_IN_THE_WINDOW)
 
     def _expected(self, row: CacheModel, new: np.ndarray) -> tuple[Any, list[np.ndarray]]:
         rows = [*row.rows, *(new[t][None, :] for t in range(len(new)))]
@@ -287,27 +309,30 @@ class BatchesMachine(ConformanceMachine):
         if len(self.rows[row].rows) == capacity and any(len(r.rows) < capacity for r in self.rows):
             self.exercised("a full row appended past its room beside shorter rows")
 
-    def _fill(self, data: Draws, lengths: list[int]) -> None:
-        """Valid chunks of at most MAX_CHUNK tokens a row until each row ``b`` has appended ``lengths[b]`` more."""
+    def _fill(self, data: Draws, lengths: list[int], cache: Any = None, rows: list[CacheModel] | None = None,
+              what: str = "filling a row") -> None:
+        """Valid chunks of at most MAX_CHUNK tokens a row until each row ``b`` has appended ``lengths[b]`` more: to
+        the running batch, or to ``cache`` whose rows are ``rows`` (a batch about to be merged)."""
+        cache, rows = (self.cache, self.rows) if cache is None or rows is None else (cache, rows)
         left = list(lengths)
         while any(left):
             step = [min(n, g.MAX_CHUNK) for n in left]
             tokens = max(step)
-            x = data.draw(g.chunks(len(self.rows), tokens, self.config.model_width), label="chunk")
-            what = f"append a ragged chunk of lengths {step} (filling a row)"
+            x = data.draw(g.chunks(len(rows), tokens, self.config.model_width), label="chunk")
+            doing = f"append a ragged chunk of lengths {step} ({what})"
             handed = Inputs()
             given_x, given_lengths = handed("x", x), handed("lengths", list(step))
             expected = [self._expected(r, x[b, tokens - n:]) if n else None
-                        for b, (r, n) in enumerate(zip(self.rows, step))]
-            judged = self.call(what, lambda: self.adapter.append_ragged(self.layer, self.cache, given_x,
-                                                                        given_lengths), due=VALID, inputs=handed)
+                        for b, (r, n) in enumerate(zip(rows, step))]
+            judged = self.call(doing, lambda: self.adapter.append_ragged(self.layer, cache, given_x,
+                                                                         given_lengths), due=VALID, inputs=handed)
             output = judged.value
-            for b, (r, n) in enumerate(zip(self.rows, step)):
+            for b, (r, n) in enumerate(zip(rows, step)):
                 if n:
                     trace, new_rows = expected[b]  # type: ignore[misc]
                     wanted, tolerance = self.judge.bound(trace, lambda t: t.outputs[0, -n:, :])
                     self.judge.close(np.asarray(output)[b, tokens - n:], wanted, tolerance,
-                                     what=f"{what}: row {b}'s output", check="output", axes=("step row", "feature"))
+                                     what=f"{doing}: row {b}'s output", check="output", axes=("step row", "feature"))
                     r.rows, r.trace = new_rows, trace
             left = [n - m for n, m in zip(left, step)]
 
@@ -318,8 +343,8 @@ class BatchesMachine(ConformanceMachine):
         past = self.config.rope is not None and self.limits.max_capacity is None  # (else outside the limits)
         # the rarer checks first: a derandomised run draws a list's first entries more often than its last
         # (problem, side): the zero's two sides interleaved, so each is met
-        zeros = [(BAD_SIZES[5], "capacity"), (BAD_SIZES[5], "batch")] * ZERO_AND_PAST
-        problem, side = data.draw(st.sampled_from([*[(BAD_SIZES[6], "capacity")] * (ZERO_AND_PAST if past else 0),
+        zeros = [(BAD_SIZES[5], "capacity"), (BAD_SIZES[5], "batch")] * ZERO
+        problem, side = data.draw(st.sampled_from([*[(BAD_SIZES[6], "capacity")] * (PAST if past else 0),
                                                    *zeros, *((p, "") for p in BAD_SIZES[:5])]), label="problem")
         which = side or data.draw(st.sampled_from(["batch", "capacity"]), label="which")
         bad: Any = {"negative": -1, "a bool": True, "a float": 2.0, "a string": "2", "None": None, "zero": 0}.get(
@@ -349,12 +374,23 @@ class BatchesMachine(ConformanceMachine):
     def merge(self, data: Draws) -> None:
         """Another batch of the layer (1 row or more, its own lengths) appended after the running one's rows,
         each row keeping its tokens. On purpose (``MERGES``) the other batch holds no token, or the running one
-        holds none (reset first)."""
+        holds none (reset first); or (``UNEVEN``) both hold tokens, the other's longest row shorter or longer than
+        the running one's."""
         self._fresh_if_stale()
         if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
             return
-        case = data.optional(g.on_purpose(*MERGES[:4 if self.has(Capability.BATCH_FILTER) else 3]), "merges",
-                             MERGES[0])
+        case = data.optional(g.on_purpose(MERGES[0], UNEVEN, *MERGES[1:4 if self.has(Capability.BATCH_FILTER)
+                                                                   else 3]), "merges", MERGES[0])
+        if case == UNEVEN and not self.rows:  # a batch of no rows holds no token: a fresh one of a row, if it may
+            if self.largest < 2:
+                case = MERGES[0]
+            else:
+                self._replace()
+        if case == UNEVEN and not any(row.rows for row in self.rows):  # one row holding 1 .. MAX_CHUNK tokens
+            lengths = [0] * len(self.rows)
+            lengths[data.draw(st.integers(0, len(self.rows) - 1), label="row filled")] = data.draw(
+                st.integers(1, min(g.MAX_CHUNK, self.config.capacity)), label="tokens")
+            self._fill(data, lengths)
         if case == MERGES[2] and any(row.rows for row in self.rows):
             self._reset()
         if case == MERGES[3] and self.rows:
@@ -363,7 +399,14 @@ class BatchesMachine(ConformanceMachine):
                 self.rows = []
         size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
         other, other_rows = self._new_batch(size, "create the ragged cache to merge")
-        if case != MERGES[1]:
+        if case == UNEVEN:  # its longest row shorter or longer than the running batch's, each side padded anew
+            held = max(len(row.rows) for row in self.rows)
+            longest = data.draw(st.sampled_from([n for n in range(1, min(self.config.capacity, held + g.MAX_CHUNK) + 1)
+                                                 if n != held]), label="the other's longest")
+            lengths = [data.draw(st.integers(0, longest), label="length") for _ in other_rows]
+            lengths[data.draw(st.integers(0, size - 1), label="the other's longest row")] = longest
+            self._fill(data, lengths, other, other_rows, "the batch to merge")
+        elif case != MERGES[1]:
             for _ in range(data.draw(st.integers(1, 2), label="chunks of the other")):
                 self._append(data, other, other_rows, data.draw(st.sampled_from(RAGGED), label="other's lengths"),
                              "append a ragged chunk to the batch to merge")
@@ -375,6 +418,9 @@ class BatchesMachine(ConformanceMachine):
             self.exercised("merge into a batch of no rows")
         if size != len(self.rows):
             self.exercised("merge of batches of different sizes")
+        widths = {max((len(row.rows) for row in side), default=0) for side in (self.rows, other_rows)}
+        if 0 not in widths and len(widths) > 1:
+            self.exercised(UNEVEN_MET)
         what = f"merge a batch of {size} rows holding {[len(r.rows) for r in other_rows]} tokens into one of " \
                f"{[len(r.rows) for r in self.rows]}"
         judged = self.call(what, lambda: self.adapter.merge(self.cache, other), due=VALID,
