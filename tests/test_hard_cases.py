@@ -29,8 +29,9 @@ from impl.conformance import make_cached_first_paged_adapter, make_full_declarat
 from kvcache_conformance import generate as g
 from kvcache_conformance.judge.policy import Judged
 from kvcache_conformance.machines.layer import GROUPINGS, LayerCacheMachine
-from kvcache_conformance.machines.layer_steps import MALFORMED, MEETS
+from kvcache_conformance.machines.layer_steps import BASE_ONE_ULP_AWAY, MALFORMED, MEETS, ROPE_CHANGES
 from kvcache_conformance.machines.operations import (
+    BATCHES,
     CHUNK_MEETS,
     CUTS,
     EVICTED_CUTS,
@@ -180,7 +181,8 @@ def watched(machine: type, adapter: Any, **parameters: Any) -> type:
 
         def call(self, what: str, action: Any, **details: Any) -> Judged:
             situation = ({"held": len(self.model.rows), "full": self.full, "wrapped": self.wrapped(),
-                          "batch": self.model.batch_size, "capacity": self.config.capacity}
+                          "batch": self.model.batch_size, "capacity": self.config.capacity,
+                          "kv heads": self.config.weights.kv_heads, "stale": self.model.stale}
                          if hasattr(self, "model") else {"held": len(self.tokens), "window": self.config.window}
                          if hasattr(self, "tokens") else {})
             situation.update(reused=details.get("reused", 0), due=details.get("due"), meets=self.drawn_case(),
@@ -285,6 +287,40 @@ def test_reorders_that_move_rows_are_made_on_caches_holding_rows() -> None:
     assert len(made) >= 5 and all(s["held"] > 0 and s["due"].kind is None for _, s in made), len(made)
     orders = [what.rsplit("indices ", 1)[1] for what, _ in made]
     assert all(order not in ("[0, 1]", "[0, 1, 2]") for order in orders), orders  # never the identity
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("windowed", [False, True], ids=["full", "window"])
+def test_reorders_move_rows_of_a_batch_as_large_as_the_kv_heads(windowed: bool) -> None:
+    """A cache's batch is drawn on purpose as large as its layer's KV heads (a layer of 2 or 3 KV heads drawn in place
+    of one no batch reaches), and the reorder's third case moves rows held in such a batch (a fresh cache where a
+    select or repeat changed it): a gather along the KV-head axis keeps every shape there and shows only in the rows
+    it moved (the reorder_along_the_head_axis mutant, killed in 18 random ci runs of 20 before)."""
+    Seen.clear()
+    drive(watched(CacheOperationsMachine, make_full_declaration_adapter(), windowed=windowed), dev())
+    as_large = [(draws, config) for draws, config in Seen.setups if draws.get("batch") == BATCHES[1]]
+    assert len(as_large) >= 3 and all(2 <= c.batch_size == c.weights.kv_heads <= g.MAX_BATCH for _, c in as_large)
+    assert any("batch geometry" in draws for draws, _ in as_large), "no layer drawn in place of one no batch reaches"
+    made = [(what, s) for r, what, s in Seen.calls if r == "reorder" and s["meets"] == REORDERS[2]
+            and what.startswith("reorder") and s["batch"] == s["kv heads"] >= 2]
+    assert len(made) >= 3 and all(s["held"] > 0 and s["due"].kind is None for _, s in made), len(made)
+    orders = [what.rsplit("indices ", 1)[1] for what, _ in made]
+    assert all(order not in ("[0, 1]", "[0, 1, 2]") for order in orders), orders  # never the identity
+
+
+@pytest.mark.slow
+def test_rope_bases_one_ulp_away_meet_caches_that_are_not_stale() -> None:
+    """The layer machine hands, on purpose, the layer under a RoPE base one ulp away to a cache that is not stale
+    (ROPE_MISMATCH due): a base compared within a tolerance shows only there (the rope_base_with_tolerance mutant,
+    killed in 19 random ci runs of 20 before)."""
+    Seen.clear()
+    drive(watched(LayerCacheMachine, make_full_declaration_adapter()), dev())
+    made = [what for r, what, s in Seen.calls if r == "append_under_other_rope" and what.startswith("append")
+            and s["draws"].get("rope change") == ROPE_CHANGES[1]]
+    assert len(made) >= 3 and all(any(name in what for name in BASE_ONE_ULP_AWAY) for what in made), made
+    due = [s["due"].kind for r, what, s in Seen.calls if r == "append_under_other_rope" and what.startswith("append")
+           and s["draws"].get("rope change") == ROPE_CHANGES[1]]
+    assert all(kind == ErrorKind.ROPE_MISMATCH for kind in due), due  # never hidden behind a stale cache
 
 
 @pytest.mark.slow

@@ -44,6 +44,10 @@ SCORE_MEETS = ("any overflowing score", "a -inf score beside rows held")
 # two or three valid rows, which a write of the first rows takes). Among every malformed row, each is about one in a
 # hundred.
 MALFORMED = ("any malformed row", "a valid row as nested lists", "one row into a larger batch")
+# Which RoPE a layer is handed against a cache: any change, or on purpose its base one ulp away, on a cache that is not
+# stale -- a base compared within a tolerance, not bit for bit, shows only there (two changes of five or more).
+ROPE_CHANGES = ("any RoPE change", "the base one ulp away, on a cache that is not stale")
+BASE_ONE_ULP_AWAY = ("base one ulp up", "base one ulp down")
 
 # A windowed run leaves out the rules about other layers and extreme rows, which the full runs cover: its steps
 # go to filling, evicting and truncating the window.
@@ -444,15 +448,17 @@ class LayerSteps(ConformanceMachine):
     def append_under_other_rope(self, data: Draws) -> None:
         """The same parameters under another RoPE: ROPE_MISMATCH (the base compared bit for bit). On purpose, a
         cache bound to the weights as they are (a fresh one if this one is stale): staleness is checked first, and
-        hides the RoPE check."""
+        hides the RoPE check; and on purpose (``ROPE_CHANGES``) the base one ulp away on such a cache."""
         rope = self.config.rope
         assert rope is not None
-        if data.optional(g.on_purpose("the cache as it is", "a cache that is not stale"), "meets",
-                         "the cache as it is") != "the cache as it is" and self.model.stale:
+        fresh = data.optional(g.on_purpose("the cache as it is", "a cache that is not stale"), "meets",
+                              "the cache as it is") != "the cache as it is"
+        one_ulp = data.optional(g.on_purpose(*ROPE_CHANGES), "rope change", ROPE_CHANGES[0]) == ROPE_CHANGES[1]
+        if (fresh or one_ulp) and self.model.stale:
             self._new_cache()
-        variants = {
-            "base one ulp up": {"base": math.nextafter(rope.base, math.inf)},
-            "base one ulp down": {"base": math.nextafter(rope.base, 0.0)},
+        variants = {  # (the base one ulp away first: a list's first entries are drawn more often)
+            BASE_ONE_ULP_AWAY[0]: {"base": math.nextafter(rope.base, math.inf)},
+            BASE_ONE_ULP_AWAY[1]: {"base": math.nextafter(rope.base, 0.0)},
             "base doubled": {"base": rope.base * 2},
             "max positions + 1": {"max_positions": rope.max_positions + 1},
             "max positions - 1": {"max_positions": rope.max_positions - 1},
@@ -463,8 +469,11 @@ class LayerSteps(ConformanceMachine):
             for width in range(2, self.config.weights.head_width + 1, 2):
                 if width != rope.rotary_width:
                     variants[f"rotary width {width}"] = {"rotary_width": width}
-        name = data.choose(sorted(n for n, v in variants.items()
-                                  if "max_positions" not in v or v["max_positions"] >= 1), label="RoPE change")
+        name = data.choose(list(BASE_ONE_ULP_AWAY) if one_ulp else
+                           [n for n, v in variants.items() if "max_positions" not in v or v["max_positions"] >= 1],
+                           label="RoPE change")
+        if name in BASE_ONE_ULP_AWAY and not self.model.stale:
+            self.exercised(ROPE_CHANGES[1])
         other = replace(rope, **variants[name])  # type: ignore[arg-type]
         what = f"the layer under RoPE with {name}"
         layer = self.must(what, lambda: self.adapter.with_rope(self.layer, other))

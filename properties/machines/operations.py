@@ -30,7 +30,7 @@ from ..judge.checks import seen_by_next
 from ..judge.policy import VALID, Due, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
-from ..traces.recording import Draws, rule
+from ..traces.recording import Draws, NotApplicable, rule
 from .layer_steps import MEETS, LayerSteps, Parked, layer_needs, observed, shown
 
 MAX_PARKED = 2  # live caches besides the one operated on
@@ -40,7 +40,11 @@ OPERATIONS = one_of([Capability.CHUNKED_APPEND], [Capability.TRUNCATE], [Capabil
 # plain case; the others are hard cases drawn on purpose (``LayerSteps.meet``).
 CHUNK_MEETS = ("the cache as it is", "past the room of an empty cache", "past the room of a cache holding rows")
 SELECTIONS = ("any rows", "rows other than the leading ones, on rows held")
-REORDERS = ("any indices", "a reorder that moves rows, on rows held")
+# The last, rows moved in a batch as large as the KV heads (a fresh cache of the batch configured so, where one is):
+# a gather along the KV-head axis keeps every shape there and shows only in the rows it moved.
+REORDERS = ("any indices", "a reorder that moves rows, on rows held",
+            "a reorder that moves rows of a batch as large as the KV heads")
+BATCH_AS_LARGE_AS_THE_KV_HEADS = "rows moved in a batch as large as the KV heads"  # an exercise table's case
 # Where a reorder draws any indices: as drawn (a negative index in one of 24), or on purpose a negative index, on rows
 # held -- a gather that wraps it (numpy's indexing) takes it as a row.
 NEGATIVE = ("any indices", "a negative index, on rows held")
@@ -51,8 +55,9 @@ CUTS = ("the cache as it is", "a stale cache, then a row", "rows held, cut, then
 # A cut after the window evicts: of W or W + 1 rows (the edge), or on purpose of W + S + 1 rows into what a ring of
 # W + S slots let go (with sinks half the windows are rings that have let nothing go at W + 1).
 EVICTED_CUTS = ("at the window's edge", "into rows a ring let go")
-# The batch a cache is created with: as drawn, or on purpose as large as the layer's KV heads -- a gather along the
-# KV-head axis instead of the batch's keeps every shape there, and shows only in the rows it moved.
+# The batch a cache is created with: as drawn, or on purpose as large as the layer's KV heads (a layer of 2 or 3 KV
+# heads drawn in place of one whose KV heads no batch reaches) -- a gather along the KV-head axis instead of the
+# batch's keeps every shape there, and shows only in the rows it moved.
 BATCHES = ("the batch drawn", "a batch as large as the KV heads")
 # A repeat's count: any, or on purpose one that grows the batch past the largest a cache is created with (a valid
 # repeat of 2 first where the batch is 1) -- storage sized by the batch a cache was created with shows only there.
@@ -76,15 +81,41 @@ class CacheOperationsMachine(LayerSteps):
         super().__init__(adapter, numbers, style=style, grouped=grouped, windowed=windowed)
 
     def hard_config(self, data: Draws, config: g.LayerConfig) -> g.LayerConfig:
-        """On purpose (``BATCHES``), a batch as large as the KV heads where that is 2 or more and within the limits
-        (never where the adapter draws from few shapes: a shape of its own)."""
-        kv_heads = config.weights.kv_heads
-        if self.limits.max_shapes is not None or config.batch_size == kv_heads or not 2 <= kv_heads <= g.MAX_BATCH \
-                or self.limits.cache_problem(kv_heads, config.capacity) is not None:
+        """On purpose (``BATCHES``), a batch as large as the KV heads where that is 2 or more and within the limits;
+        where the layer's KV heads are not, in its place one of the same family whose are (of the same head width
+        where one is). Never where the adapter draws from few shapes (a shape of its own)."""
+        weights = config.weights
+        if self.limits.max_shapes is not None or config.batch_size == weights.kv_heads:
             return config
-        if data.optional(g.on_purpose(*BATCHES), "batch", BATCHES[0]) == BATCHES[1]:
-            return replace(config, batch_size=kv_heads)
-        return config
+        largest = min(g.MAX_BATCH, self.limits.max_batch or g.MAX_BATCH)
+
+        def fits(kv_heads: int) -> bool:
+            return 2 <= kv_heads <= largest and self.limits.cache_problem(kv_heads, config.capacity) is None
+
+        rope, shapes = config.rope, []
+        if not fits(weights.kv_heads):
+            grouped = weights.kv_heads < weights.heads  # the family drawn is kept
+            shapes = [shape for shape in g.geometries(self.capabilities, self.limits, grouped=grouped,
+                                                      rope=rope is not None)
+                      if fits(shape[1]) and (rope is None or rope.rotary_width <= shape[2])]
+            shapes = [shape for shape in shapes if shape[2] == weights.head_width] or shapes
+            if not shapes:
+                return config
+        if data.optional(g.on_purpose(*BATCHES), "batch", BATCHES[0]) == BATCHES[0]:
+            return config
+        if not shapes:
+            return replace(config, batch_size=weights.kv_heads)
+        heads, kv_heads, head_width, widths = data.draw(st.sampled_from(shapes), label="batch geometry")
+        if rope is not None and rope.rotary_width == weights.head_width:
+            rope = replace(rope, rotary_width=head_width)  # still every feature: partial rotary only where declared
+        if self.limits.cache_problem(kv_heads, config.capacity, None if rope is None else rope.rotary_width):
+            return config
+        width = data.draw(st.sampled_from(widths), label="model_width")
+        outside = self.limits.geometry_problem(width, heads, head_width)
+        if outside:  # (only a replayed geometry can be: the draw stays within the limits)
+            raise NotApplicable(f"the recorded geometry is outside this implementation's layer_limits: {outside}")
+        return replace(config, weights=data.draw(g.attention_weights(width, heads, kv_heads, head_width)), rope=rope,
+                       batch_size=kv_heads)
 
     # -- chunks --------------------------------------------------------------------------------------------
 
@@ -300,9 +331,22 @@ class CacheOperationsMachine(LayerSteps):
         """Batch row b becomes the old row indices[b], along the batch axis only; repeats and drops allowed.
         Invalid indices are INVALID_INDICES (where claimed), nothing changed. On purpose (B >= 2), valid indices
         that move a row, on rows held (one or two appended first if none are): a cache that gathers only part of
-        what it holds (a quantized cache its full-precision rows) shows it only there."""
-        indices = self._batch_indices(data, REORDERS, "reorders", (g.rearranging_reorders,), self._any_indices(data),
-                                      "indices")
+        what it holds (a quantized cache its full-precision rows) shows it only there; and so in a batch as large as
+        the KV heads (a fresh cache where a select or repeat changed the configured one): a gather along the KV-head
+        axis shows only there."""
+        kv_heads = self.config.weights.kv_heads
+        across = self.config.batch_size == kv_heads >= 2  # a fresh cache's batch is as large as the KV heads
+        case = data.optional(g.on_purpose(*REORDERS), "reorders", REORDERS[0]) \
+            if self.model.batch_size >= 2 or across else REORDERS[0]
+        if case == REORDERS[2] and not across:
+            case = REORDERS[1]
+        if case == REORDERS[2] and self.model.batch_size != kv_heads:
+            self._new_cache()  # (a select or repeat changed the batch)
+        if case != REORDERS[0]:
+            self.hold_rows(data)  # a stale cache is replaced: its batch is the configured one, maybe 1
+        indices = data.draw(g.rearranging_reorders(self.model.batch_size) if case != REORDERS[0]
+                            and self.model.batch_size >= 2 else self._any_indices(data)(self.model.batch_size),
+                            label="indices")
         what = f"reorder the batch by {indices.description}"
         handed = Inputs()
         given = handed("indices", indices.value)
@@ -310,6 +354,9 @@ class CacheOperationsMachine(LayerSteps):
         judged = self.call(what, lambda: self.adapter.reorder(self.cache, given), due=due, inputs=handed,
                            observe=lambda: observed(self._snapshot(self.cache, what)), replace=self._new_cache)
         if judged.to_judge:
+            if due.kind is None and self.model.rows and self.model.batch_size == kv_heads >= 2 and \
+                    list(np.asarray(indices.value)) != list(range(kv_heads)):
+                self.exercised(BATCH_AS_LARGE_AS_THE_KV_HEADS)
             self.model.gather(np.asarray(indices.value, dtype=np.int64))
 
     def _any_indices(self, data: Draws) -> Callable[[int], Any]:
@@ -325,8 +372,8 @@ class CacheOperationsMachine(LayerSteps):
     def _batch_indices(self, data: Draws, cases: tuple[str, ...], case_label: str,
                        on_purpose: tuple[Callable[[int], Any], ...], plain: Callable[[int], Any], label: str) -> Any:
         """Indices over the batch: ``plain(B)``'s, or on purpose (``cases[i]``, B >= 2) ``on_purpose[i - 1](B)``'s
-        on rows held, one or two appended first if none are -- a gather that moves only part of what it holds, or
-        keeps the leading rows whatever was asked, or wraps a negative index, shows only there."""
+        on rows held, one or two appended first if none are -- a select that keeps the leading rows whatever was
+        asked shows only there."""
         chosen = cases.index(data.optional(g.on_purpose(*cases), case_label, cases[0])) \
             if self.model.batch_size >= 2 else 0
         if chosen:
