@@ -385,7 +385,7 @@ class ModelMachine(ConformanceMachine):
         lead = self._sharing_a_position(chosen)
         if not lead:
             return ()
-        offered = LEADS[::-1] if self.has(Capability.MULTI_SEQUENCE_TOKENS) else LEADS[:1]
+        offered = LEADS if self.has(Capability.MULTI_SEQUENCE_TOKENS) else LEADS[:1]
         choice = data.optional(st.sampled_from(offered), "lead", LEADS[0])
         if choice not in offered:  # only a replayed trace gives one: the live draw is of what is declared
             raise NotApplicable(f"the recorded batch opens with a token of several sequences, but {self.adapter.name}"
