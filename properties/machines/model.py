@@ -380,8 +380,8 @@ class ModelMachine(ConformanceMachine):
 
     def _lead(self, data: Draws, chosen: list[int]) -> tuple[int, ...]:
         """The sequences of ``chosen`` a batch opens with a token of, on purpose half the time where they may and
-        ``multi_sequence_tokens`` is declared (``LEADS``, the hard case first: a derandomised run draws a list's
-        first entries more often); none otherwise."""
+        ``multi_sequence_tokens`` is declared (``LEADS``, plain first: with the hard case first the derandomised
+        window-edge run of tests/test_model_chains.py never ran move_across_the_window_edge); none otherwise."""
         lead = self._sharing_a_position(chosen)
         if not lead:
             return ()
