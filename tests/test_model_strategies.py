@@ -136,6 +136,11 @@ class Watching(ModelReferenceAdapter):
             self.seen["full"] += 1
             raise
         self.seen["batch mixing sequences"] += len(set(batch.sequences)) > 1
+        # decoded: a sequence's own token after a token it shares with others (the hard case of
+        # model_shared_token_seen_by_the_same_sequences_only)
+        self.seen["own token after a shared token in one batch"] += any(
+            len(named[j]) == 1 and named[j][0] in named[i] and len(named[i]) > 1
+            for i in range(len(named)) for j in range(i + 1, len(named)))
         self.seen["decoded past the cells asked for"] += context.capacity > self.asked.get(id(context), 1 << 30)
         self.seen["decode after a shift"] += bool(self.shifted & set(batch.sequences))
         self.shifted -= set(batch.sequences)
@@ -206,6 +211,7 @@ def test_programs_reach_every_situation() -> None:
                       "malformed batch on a context holding cells", "full", "batch mixing sequences", "numpy ids",
                       "range open below -1 at its start", "range open below -1 at its end", "shift past the model",
                       "empty sequence started past 0", "positions not running on", "token of several sequences",
+                      "own token after a shared token in one batch",
                       "malformed token of several sequences",
                       "load into the changed context saved from", "load into a context of another cell count"):
         assert seen[situation] >= 3, (situation, dict(seen))

@@ -68,6 +68,16 @@ LOAD_PLACES = ("the same sequence", "another sequence", "a fresh context", "cell
 # sequence where the saved one was (the first sequence's store, say) shows only there, and a load needs a save before
 # it in the same program.
 SAVES = ("a save", "a save, then a load of it under another id")
+# Where declared (multi_sequence_tokens, a unified context), a batch of sequences at the same next position may open
+# with a token all of them hold: a sequence's own token after it in the batch must see it (an engine masking a batch
+# by equal sequence sets does not; met by shared_prompt alone before, that mutant was killed in 18 random ci runs of
+# 20).
+LEADS = ("own tokens only", "a shared token first")
+SHARED_LEAD = "own tokens after a shared token in one batch"
+# A keep, on purpose, of a sequence that shares cells with another (forked first where none does): the cells it
+# shares leave the others (an engine clearing only the cells the kept sequence does not hold leaves them there).
+KEEPS = ("any sequence holding cells", "a sequence sharing cells")
+KEPT_SHARED = "kept a sequence sharing cells with another"
 # what a sequence that outgrew its window undergoes, each where declared (the last two need another sequence)
 WINDOW_CHANGES = (("remove to the end", Capability.SEQ_REMOVE), ("remove in the middle", Capability.SEQ_REMOVE),
                   ("last cells shifted back", Capability.SEQ_SHIFT), ("divided", Capability.SEQ_DIVIDE),
@@ -299,11 +309,21 @@ class ModelMachine(ConformanceMachine):
         latest = 0 if self.policy.positions == "from_zero" else 3
         return held + 1 if held >= 0 else data.draw(st.integers(0, latest), label=f"sequence {seq} starts at")
 
-    def _batch(self, data: Draws, chosen: list[int], counts: list[int], *, mixed: bool) -> ModelBatch:
-        """``counts[i]`` tokens of sequence ``chosen[i]`` at its next positions, in order or interleaved."""
+    def _batch(self, data: Draws, chosen: list[int], counts: list[int], *, mixed: bool,
+               lead: tuple[int, ...] = ()) -> ModelBatch:
+        """``counts[i]`` tokens of sequence ``chosen[i]`` at its next positions, in order or interleaved; first, where
+        ``lead`` names sequences at the same next position (``_sharing_a_position``), a token that is one cell all of
+        them hold, their own tokens after."""
+        leading: list[tuple[int, int, Any]] = []
+        starts: dict[int, int] = {}
+        if lead:
+            start = self._next_position(lead[0], data)
+            token = data.draw(st.integers(0, self.config.vocab - 1), label="shared lead token")
+            leading = [(token, start, lead)]
+            starts = {seq: start + 1 for seq in lead}
         parts = []
         for seq, count in zip(chosen, counts):
-            start = self._next_position(seq, data)
+            start = starts[seq] if seq in starts else self._next_position(seq, data)
             count = max(1, min(count, POSITION_CEILING - start))
             tokens = data.draw(st.lists(st.integers(0, self.config.vocab - 1), min_size=count, max_size=count),
                                label=f"sequence {seq} tokens")
@@ -311,6 +331,7 @@ class ModelMachine(ConformanceMachine):
         order = [entry for part in parts for entry in part]
         if mixed and len(parts) > 1:  # round robin: each sequence's positions still in order
             order = [part[i] for i in range(max(map(len, parts))) for part in parts if i < len(part)]
+        order = [*leading, *order]
         order = order[:self.max_batch]
         wanted = data.draw(st.lists(st.booleans(), min_size=len(order), max_size=len(order)), label="logits of")
         wanted[-1] = True  # at least the last token's logits, as a sampler asks
@@ -319,8 +340,9 @@ class ModelMachine(ConformanceMachine):
         return ModelBatch(tuple(as_int(t) for t, _, _ in order), tuple(as_int(p) for _, p, _ in order),
                           tuple(s for _, _, s in order), tuple(wanted))
 
-    def _decode(self, what: str, batch: ModelBatch) -> None:
-        """Decode ``batch``: the oracle's logits of every token asked for, or the oracle's refusal."""
+    def _decode(self, what: str, batch: ModelBatch) -> bool:
+        """Decode ``batch``: the oracle's logits of every token asked for, or the oracle's refusal; whether they were
+        judged."""
         handed = Inputs()
         given = handed("batch", batch)
         met = self._window_cases(batch)
@@ -329,16 +351,46 @@ class ModelMachine(ConformanceMachine):
                                           tokens=list(batch.tokens), positions=list(batch.positions),
                                           sequences=list(batch.sequences))
         if results is None:
-            return
+            return False
         self.move_pending = False
         if not judged.to_judge:
-            return
+            return False
         for case in met:
             self.exercised(case)
         expected, tolerance = self.judge.bound(Reference(results[0], results[1] if len(results) > 1 else None),
                                                lambda logits: logits)
         self.judge.close(judged.value, expected, tolerance, what=f"{what}: logits", check="logits",
                          axes=("token asked for", "vocab id"))
+        return True
+
+    def _sharing_a_position(self, chosen: list[int]) -> tuple[int, ...]:
+        """The most of ``chosen`` (two or more) whose next tokens may be one cell all of them hold: empty, or holding
+        the same largest position (after a copy, say), with room for positions after it and for a shared token and
+        one of each; none unless the context is unified (one store)."""
+        if not self.context_config.unified:
+            return ()
+        groups: dict[int, list[int]] = {}
+        for seq in chosen:
+            groups.setdefault(self.oracles[0].pos_max(seq), []).append(seq)
+        best = max(groups.values(), key=len)
+        oracle = self.oracles[0]
+        top, free = oracle.pos_max(best[0]), oracle.free(oracle.store_of(best[0]))
+        fits = self.grows or free > len(best)  # the shared token and one of each after it
+        return tuple(sorted(best)) if len(best) > 1 and fits and top + 1 + 3 + MAX_PROMPT < POSITION_CEILING else ()
+
+    def _lead(self, data: Draws, chosen: list[int]) -> tuple[int, ...]:
+        """The sequences of ``chosen`` a batch opens with a token of, on purpose half the time where they may and
+        ``multi_sequence_tokens`` is declared (``LEADS``, plain first: with the hard case first the derandomised
+        window-edge run of tests/test_model_chains.py never ran move_across_the_window_edge); none otherwise."""
+        lead = self._sharing_a_position(chosen)
+        if not lead:
+            return ()
+        offered = LEADS if self.has(Capability.MULTI_SEQUENCE_TOKENS) else LEADS[:1]
+        choice = data.optional(st.sampled_from(offered), "lead", LEADS[0])
+        if choice not in offered:  # only a replayed trace gives one: the live draw is of what is declared
+            raise NotApplicable(f"the recorded batch opens with a token of several sequences, but {self.adapter.name}"
+                                " does not declare multi_sequence_tokens")
+        return lead if choice == LEADS[1] else ()
 
     def _a_sequence(self, data: Draws, label: str = "sequence") -> int:
         return data.draw(st.integers(0, self.sequences - 1), label=label)
@@ -360,15 +412,22 @@ class ModelMachine(ConformanceMachine):
     def batch_mixing_sequences(self, data: Draws) -> None:
         """Tokens of two or more sequences in one batch, in sequence order or interleaved: each sees only its
         own sequence's cells and its own earlier tokens in the batch."""
+        lead = self._lead(data, list(range(self.sequences)))  # on purpose, those that may share a token first
         chosen = data.draw(st.lists(st.integers(0, self.sequences - 1), min_size=2, max_size=self.sequences,
                                     unique=True), label="sequences")
+        chosen = [*lead, *(seq for seq in chosen if seq not in lead)]
         counts = data.draw(st.lists(st.integers(1, 2), min_size=len(chosen), max_size=len(chosen)), label="counts")
         # a per-sequence context splits an interleaved batch by store, and must return its logits in batch order
         interleaved = data.draw(st.booleans() if self.context_config.unified else st.sampled_from((False, True, True)),
                                 label="interleaved")
         if interleaved and not self.context_config.unified:
             self.exercised("interleaved in a per-sequence context")
-        self._decode(f"a batch of sequences {chosen}", self._batch(data, chosen, counts, mixed=interleaved))
+        oracle = self.oracles[0]
+        if lead and not self.grows and 1 + sum(counts) > oracle.free(oracle.store_of(lead[0])):
+            chosen, counts = list(lead), [1] * len(lead)  # what fits: the shared token and one of each after it
+        if self._decode(f"a batch of sequences {chosen}" + (f" after a token of {list(lead)}" if lead else ""),
+                        self._batch(data, chosen, counts, mixed=interleaved, lead=lead)) and lead:
+            self.exercised(SHARED_LEAD)
 
     @rule(data=st.data(), requires=[Capability.MULTI_SEQUENCE_TOKENS],
           when=lambda self: self.context_config.unified and self.sequences > 1)
@@ -609,13 +668,40 @@ class ModelMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.SEQ_KEEP])
     def keep(self, data: Draws) -> None:
         """Every other sequence's cells removed (a cell it shares leaves the others). The sequence kept is one
-        holding cells, if any does."""
+        holding cells, if any does; in a unified context, half the time on purpose one sharing cells with another
+        (``KEEPS``), a sequence holding cells copied whole into another first where none does (shared copies)."""
         held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
+        if self.context_config.unified:
+            forks = bool(held) and self.has(Capability.SEQ_COPY) and self.policy.shared_copies
+            offered = KEEPS if self._sharers() or forks else KEEPS[:1]
+            aim = data.optional(g.on_purpose(*offered) if len(offered) > 1 else st.just(offered[0]), "keep", KEEPS[0])
+            if aim not in offered:  # only a replayed trace gives one: the live draw is of what is declared
+                raise NotApplicable(f"the recorded keep is of a sequence sharing cells, which {self.adapter.name}'s "
+                                    "copies do not make (shared_copies, seq_copy)")
+            if aim == KEEPS[1]:
+                if not self._sharers():  # a fork: the copy shares the source's cells
+                    src = data.draw(st.sampled_from(held), label="source")
+                    dst = data.draw(st.sampled_from([seq for seq in range(self.sequences) if seq != src]),
+                                    label="destination")
+                    self._copy(src, dst, -1, -1)
+                sharers = self._sharers()
+                if sharers:  # (none if the copy was refused)
+                    if self._keep(data.draw(st.sampled_from(sharers), label="sharing")):
+                        self.exercised(KEPT_SHARED)
+                    return
+                held = [seq for seq in range(self.sequences) if self.oracles[0].pos_max(seq) >= 0]
         self._keep(data.draw(st.sampled_from(held or list(range(self.sequences))), label="sequence"))
 
-    def _keep(self, seq: int) -> None:
-        self._sequence_call("keep", f"keep sequence {seq}", lambda o: o.keep(seq),
-                            lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
+    def _sharers(self) -> list[int]:
+        """The sequences holding a cell another sequence holds too."""
+        return sorted({seq for store in self.oracles[0].stores for cell in store if len(cell.sequences) > 1
+                       for seq in cell.sequences})
+
+    def _keep(self, seq: int) -> bool:
+        """Keep ``seq`` alone; whether it was done."""
+        judged, results = self._sequence_call("keep", f"keep sequence {seq}", lambda o: o.keep(seq),
+                                              lambda: self.adapter.seq_keep(self.context, seq), seq=seq)
+        return results is not None and judged.to_judge
 
     @rule(data=st.data(), requires=[Capability.SEQ_SHIFT], relies_on=[NEGATIVE_SHIFT])
     def shift(self, data: Draws) -> None:
@@ -908,8 +994,11 @@ class ModelMachine(ConformanceMachine):
         if all(self.oracles[0].pos_max(seq) >= 0 for seq in (first, second, third)):
             self.exercised("three sequences over one copy")
         self._change_one(data, data.draw(st.sampled_from([first, second, third]), label="changed"))
-        self._decode(f"a token of each of sequences {[first, second, third]}",
-                     self._batch(data, [first, second, third], [1, 1, 1], mixed=False))
+        lead = self._lead(data, [first, second, third])
+        if self._decode(f"a token of each of sequences {[first, second, third]}" + (
+                f" after a token of {list(lead)}" if lead else ""),
+                self._batch(data, [first, second, third], [1, 1, 1], mixed=False, lead=lead)) and lead:
+            self.exercised(SHARED_LEAD)
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE, Capability.SEQ_REMOVE])
     def save_after_storage_and_position_orders_diverge(self, data: Draws) -> None:
