@@ -41,7 +41,8 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
     ``model_limits`` ``architectures`` (``gemma3``: every Gemma switch on, RoPE ``half_split``); with
     ``interleaved_windows`` and a window, 2-3 layers (``k`` or ``k + 1`` under a ``window_pattern`` limit ``k``), a
     window pattern (every layer, every second or third layer global, or one bool per layer) and a local RoPE base
-    (none, or the one of 10000 and 100 the global base is not; the ``local_rope_base`` limit where declared)."""
+    (none, or the one of 10000 and 100 the global base is not; the ``local_rope_base`` limit where declared),
+    a model with a local base taking heads of the next width where 2 was drawn (a head of 2 would hide the base)."""
     architecture = "llama"
     if limits.architectures != ("llama",):
         architecture = draw(st.sampled_from(limits.architectures), label="architecture")
@@ -100,6 +101,10 @@ def model_configs(draw: st.DrawFn, capabilities: frozenset[str], limits: ModelLi
             widened["local_rope_base"] = limits.local_rope_base
         elif draw(st.booleans(), label="local rope base"):  # one that differs from the global base
             widened["local_rope_base"] = 100.0 if config.rope_base == 10000.0 else 10000.0
+        # a head of 2 turns by the position alone, whatever the base: a local base shows from heads of the next width
+        wider = [w for w in widths[1:2] if not row or (kv_heads * w) % row == 0]
+        if "local_rope_base" in widened and head_width == 2 and wider:
+            widened["head_width"] = wider[0]
     if architecture == "gemma3":
         widened |= GEMMA3_SWITCHES
     return dataclasses.replace(config, **widened) if widened else config
