@@ -414,7 +414,8 @@ def make_q8_0_no_rotation_adapter() -> LlamaCppAdapter:
 
 def make_micro_batch_adapter() -> LlamaCppAdapter:
     """f32 cache with n_ubatch 3: a batch of more than 3 tokens is computed in ubatches, all or nothing (llama.h:
-    "upon other return values, the memory state is restored"). ``python -m adapters.llama_report --only micro_batch``."""
+    "upon other return values, the memory state is restored"). Run by ``python -m adapters.llama_report --only
+    micro_batch``."""
     return LlamaCppAdapter(LlamaCppConfig(micro_batch=3))
 
 
