@@ -12,15 +12,12 @@ conventions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
-
-from hypothesis import strategies as st
 
 from .. import generate as g
 from ..generate.needs import Needs
 from ..oracle import FLOAT64, NumberSystem
-from ..traces.recording import Draws, NotApplicable
+from ..traces.recording import Draws
 from .layer_steps import LayerSteps, layer_needs
 
 # A grouped layer's geometry: as drawn (mostly one KV head: MQA), or on purpose query heads grouped over two KV
@@ -48,21 +45,7 @@ class LayerCacheMachine(LayerSteps):
         weights = config.weights
         if self.limits.max_shapes is not None or not 1 == weights.kv_heads < weights.heads:
             return config
-        rope = config.rope
-        shapes = [shape for shape in g.geometries(self.capabilities, self.limits, grouped=True, rope=rope is not None)
-                  if 2 <= shape[1] < shape[0] and (rope is None or rope.rotary_width <= shape[2])]
-        shapes = [shape for shape in shapes if shape[2] == weights.head_width] or shapes
+        shapes = self.shapes_for(config, grouped=True, keep=lambda shape: 2 <= shape[1] < shape[0])
         if not shapes or data.optional(g.on_purpose(*GROUPINGS), "grouping", GROUPINGS[0]) == GROUPINGS[0]:
             return config
-        heads, kv_heads, head_width, widths = data.draw(st.sampled_from(shapes), label="grouped geometry")
-        if rope is not None and rope.rotary_width == weights.head_width:
-            rope = replace(rope, rotary_width=head_width)  # still every feature: partial rotary only where declared
-        if self.limits.cache_problem(config.batch_size, config.capacity,
-                                     None if rope is None else rope.rotary_width) is not None:
-            return config
-        width = data.draw(st.sampled_from(widths), label="model_width")
-        outside = self.limits.geometry_problem(width, heads, head_width)
-        if outside:  # (only a replayed geometry can be: the draw stays within the limits)
-            raise NotApplicable(f"the recorded grouped geometry is outside this implementation's layer_limits: "
-                                f"{outside}")
-        return replace(config, weights=data.draw(g.attention_weights(width, heads, kv_heads, head_width)), rope=rope)
+        return self.with_geometry(data, config, shapes, "grouped geometry")

@@ -161,6 +161,33 @@ class LayerSteps(ConformanceMachine):
         rules need none."""
         return config
 
+    def shapes_for(self, config: g.LayerConfig, *, grouped: bool, keep: Any) -> list[Any]:
+        """The geometries (``g.geometries``' heads, KV heads, head width, model widths) a hard case may put in place of
+        ``config``'s layer: those ``keep`` takes that its RoPE fits, of the same head width where one is."""
+        rope = config.rope
+        drawn = g.geometries(self.capabilities, self.limits, grouped=grouped, rope=rope is not None)
+        shapes = [shape for shape in drawn if keep(shape) and (rope is None or rope.rotary_width <= shape[2])]
+        return [shape for shape in shapes if shape[2] == config.weights.head_width] or shapes
+
+    def with_geometry(self, data: Draws, config: g.LayerConfig, shapes: list[Any], label: str, *,
+                      batch_of_kv_heads: bool = False) -> g.LayerConfig:
+        """``config`` with a layer of one of ``shapes`` (drawn as ``label``), its RoPE still rotating every feature
+        where it did, and with ``batch_of_kv_heads`` a batch as large as its KV heads; ``config`` as it is where
+        such a cache is outside the limits."""
+        rope = config.rope
+        heads, kv_heads, head_width, widths = data.draw(st.sampled_from(shapes), label=label)
+        if rope is not None and rope.rotary_width == config.weights.head_width:
+            rope = replace(rope, rotary_width=head_width)  # still every feature: partial rotary only where declared
+        batch_size = kv_heads if batch_of_kv_heads else config.batch_size
+        if self.limits.cache_problem(batch_size, config.capacity, None if rope is None else rope.rotary_width):
+            return config
+        width = data.draw(st.sampled_from(widths), label="model_width")
+        outside = self.limits.geometry_problem(width, heads, head_width)
+        if outside:  # (only a replayed geometry can be: the draw stays within the limits)
+            raise NotApplicable(f"the recorded {label} is outside this implementation's layer_limits: {outside}")
+        return replace(config, weights=data.draw(g.attention_weights(width, heads, kv_heads, head_width)), rope=rope,
+                       batch_size=batch_size)
+
     def _create_layer(self, weights: AttentionWeights, rope: RopeConfig | None, what: str) -> Any:
         handed = Inputs()
         given = handed("weights", weights)

@@ -363,6 +363,11 @@ class ModelMachine(ConformanceMachine):
                          axes=("token asked for", "vocab id"))
         return True
 
+    def _decode_after(self, lead: tuple[int, ...], what: str, batch: ModelBatch) -> None:
+        """``_decode``, of a batch that opens with a token of the sequences ``lead`` where any (``_lead``)."""
+        if self._decode(what + (f" after a token of {list(lead)}" if lead else ""), batch) and lead:
+            self.exercised(SHARED_LEAD)
+
     def _sharing_a_position(self, chosen: list[int]) -> tuple[int, ...]:
         """The most of ``chosen`` (two or more) whose next tokens may be one cell all of them hold: empty, or holding
         the same largest position (after a copy, say), with room for positions after it and for a shared token and
@@ -425,9 +430,8 @@ class ModelMachine(ConformanceMachine):
         oracle = self.oracles[0]
         if lead and not self.grows and 1 + sum(counts) > oracle.free(oracle.store_of(lead[0])):
             chosen, counts = list(lead), [1] * len(lead)  # what fits: the shared token and one of each after it
-        if self._decode(f"a batch of sequences {chosen}" + (f" after a token of {list(lead)}" if lead else ""),
-                        self._batch(data, chosen, counts, mixed=interleaved, lead=lead)) and lead:
-            self.exercised(SHARED_LEAD)
+        self._decode_after(lead, f"a batch of sequences {chosen}",
+                           self._batch(data, chosen, counts, mixed=interleaved, lead=lead))
 
     @rule(data=st.data(), requires=[Capability.MULTI_SEQUENCE_TOKENS],
           when=lambda self: self.context_config.unified and self.sequences > 1)
@@ -995,10 +999,8 @@ class ModelMachine(ConformanceMachine):
             self.exercised("three sequences over one copy")
         self._change_one(data, data.draw(st.sampled_from([first, second, third]), label="changed"))
         lead = self._lead(data, [first, second, third])
-        if self._decode(f"a token of each of sequences {[first, second, third]}" + (
-                f" after a token of {list(lead)}" if lead else ""),
-                self._batch(data, [first, second, third], [1, 1, 1], mixed=False, lead=lead)) and lead:
-            self.exercised(SHARED_LEAD)
+        self._decode_after(lead, f"a token of each of sequences {[first, second, third]}",
+                           self._batch(data, [first, second, third], [1, 1, 1], mixed=False, lead=lead))
 
     @rule(data=st.data(), requires=[Capability.SEQ_STATE, Capability.SEQ_REMOVE])
     def save_after_storage_and_position_orders_diverge(self, data: Draws) -> None:

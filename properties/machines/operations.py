@@ -30,7 +30,7 @@ from ..judge.checks import seen_by_next
 from ..judge.policy import VALID, Due, unchanged
 from ..oracle import FLOAT64, NumberSystem
 from ..protocol.kinds import Capability, ErrorKind
-from ..traces.recording import Draws, NotApplicable, rule
+from ..traces.recording import Draws, rule
 from .layer_steps import MEETS, LayerSteps, Parked, layer_needs, observed, shown
 
 MAX_PARKED = 2  # live caches besides the one operated on
@@ -92,30 +92,17 @@ class CacheOperationsMachine(LayerSteps):
         def fits(kv_heads: int) -> bool:
             return 2 <= kv_heads <= largest and self.limits.cache_problem(kv_heads, config.capacity) is None
 
-        rope, shapes = config.rope, []
+        shapes = []
         if not fits(weights.kv_heads):
             grouped = weights.kv_heads < weights.heads  # the family drawn is kept
-            shapes = [shape for shape in g.geometries(self.capabilities, self.limits, grouped=grouped,
-                                                      rope=rope is not None)
-                      if fits(shape[1]) and (rope is None or rope.rotary_width <= shape[2])]
-            shapes = [shape for shape in shapes if shape[2] == weights.head_width] or shapes
+            shapes = self.shapes_for(config, grouped=grouped, keep=lambda shape: fits(shape[1]))
             if not shapes:
                 return config
         if data.optional(g.on_purpose(*BATCHES), "batch", BATCHES[0]) == BATCHES[0]:
             return config
         if not shapes:
             return replace(config, batch_size=weights.kv_heads)
-        heads, kv_heads, head_width, widths = data.draw(st.sampled_from(shapes), label="batch geometry")
-        if rope is not None and rope.rotary_width == weights.head_width:
-            rope = replace(rope, rotary_width=head_width)  # still every feature: partial rotary only where declared
-        if self.limits.cache_problem(kv_heads, config.capacity, None if rope is None else rope.rotary_width):
-            return config
-        width = data.draw(st.sampled_from(widths), label="model_width")
-        outside = self.limits.geometry_problem(width, heads, head_width)
-        if outside:  # (only a replayed geometry can be: the draw stays within the limits)
-            raise NotApplicable(f"the recorded geometry is outside this implementation's layer_limits: {outside}")
-        return replace(config, weights=data.draw(g.attention_weights(width, heads, kv_heads, head_width)), rope=rope,
-                       batch_size=kv_heads)
+        return self.with_geometry(data, config, shapes, "batch geometry", batch_of_kv_heads=True)
 
     # -- chunks --------------------------------------------------------------------------------------------
 
