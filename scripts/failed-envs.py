@@ -6,6 +6,7 @@ import json
 import sys
 
 LINES = 40  # per failed env: enough for a traceback or pytest's short summary
+WHY_LINES = 60  # per failed env: each failing test's header and pytest's "E" lines (its assertion's message)
 
 
 def main(journal: str) -> int:
@@ -20,8 +21,29 @@ def main(journal: str) -> int:
         for step in failing[-1:]:
             text = (step.get("output") or "") + (step.get("err") or "")
             print(f"\n=== {name} failed: {' '.join(step.get('command', []))} (exit {step.get('retcode')})")
+            why = reasons(text)
+            if why:
+                print("\n".join(why[:WHY_LINES]))
+                print("...")
             print("\n".join([line for line in text.splitlines() if line.strip()][-LINES:]))
     return 0
+
+
+def reasons(text: str) -> list[str]:
+    """From pytest's FAILURES section: each failing test's header line and its "E" lines, which a log cut to its
+    last lines loses (the short summary drops a message that does not fit the line)."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith("=") and " FAILURES " in line)
+    except StopIteration:
+        return []
+    found = []
+    for line in lines[start + 1:]:
+        if line.startswith("=") and line.endswith("="):  # the next section
+            break
+        if line.startswith("____") or line.startswith("E "):
+            found.append(line[:400])
+    return found
 
 
 if __name__ == "__main__":
