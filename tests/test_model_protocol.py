@@ -189,6 +189,20 @@ def test_a_float64_model_whose_rounding_may_come_near_1e_12_is_judged_by_its_est
     assert wider.for_weights(deep_config, random_model_weights(deep_config, 0)) is wider
 
 
+def test_a_run_reports_every_rule_its_models_were_judged_by_and_the_worst_comparisons() -> None:
+    """Models drawn by one run are judged by 1e-12 or by their estimate (change 59): the run counts both, and its
+    rule is the one its worst comparison was held to, never merely the last model's."""
+    from kvcache_conformance.run import profiles
+    from kvcache_conformance.run.runner import run_machine
+
+    result = run_machine("model", ModelReferenceAdapter(), property_id="rules", settings=profiles.settings_for(
+        "ci", database=None, max_examples=20))
+    assert result.failure is None, result.failure
+    plain = Judge.for_model(ModelReferenceAdapter(), FLOAT64).rule
+    assert len(result.rules) == 2 and result.rules[plain] > 0 and sum(result.rules.values()) == result.runs
+    assert result.rule in result.rules and (result.rule == plain) == (result.worst[1] == 1e-12), result.worst
+
+
 def test_a_call_outside_the_model_is_unclaimed_whatever_is_declared() -> None:
     """A shift past max_positions (docs/spec.md §15.4) has no claim: refused with any exception (changing nothing)
     or accepted (not judged), under every declaration."""

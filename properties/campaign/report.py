@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run import exercise
-from ..run.report import OUTCOMES, REPORT_FORMAT, REPORT_VERSION, causes, markdown
+from ..run.report import OUTCOMES, REPORT_FORMAT, REPORT_VERSION, causes, markdown, rules_applied
 from .shard import ShardResult
 
 # Which shard outcome decides a property's, first to last.
@@ -53,6 +53,7 @@ def merge(results: list[ShardResult], properties: list[str], *, stopped: str | N
         **{k: first[k] for k in ("suite", "implementation", "environment", "oracle", "rule", "known_failures")},
         "profile": campaign["profile"],
         "summary": {o: sum(1 for e in listed if e["outcome"] == o) for o in OUTCOMES},
+        "rules": rules_applied(listed),
         "causes": causes(listed),
         "exercise": exercise.summary(({"exercise": r.get("exercise")} for r in reports),
                                      first["implementation"]["capabilities"]),
@@ -85,6 +86,8 @@ def _fold(entry: dict[str, Any], own: dict[str, Any], traces: dict[str, str]) ->
     entry["shards"] += 1
     entry["seconds"] += float(own.get("seconds") or 0.0)
     entry["runs"] = entry.get("runs", 0) + int(own.get("runs") or 0)
+    if own.get("rules"):
+        entry["rules"] = rules_applied([entry, own])
     if "worst_error" in own and ("worst_error" not in entry or _ratio(own) > _ratio(entry)):
         entry["worst_error"], entry["tolerance"], entry["rule"] = own["worst_error"], own["tolerance"], own.get("rule")
     if PRECEDENCE.index(own["outcome"]) < PRECEDENCE.index(entry["outcome"]):

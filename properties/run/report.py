@@ -21,6 +21,7 @@ import platform
 import re
 import signal
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ from .identity import canonical
 from .provenance import environment_facts, implementation_facts
 
 REPORT_FORMAT = "kvcache-conformance-report"
-REPORT_VERSION = 4  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
+REPORT_VERSION = 5  # 2: outcomes xfailed, xpassed, unfinished, not run; complete, stopped, traces, causes
 # 3: the outcome cut short (by --kv-budget) and the budget; 4: exercise, suite_checks (the summary counts only
-# verdicts about the implementation)
+# verdicts about the implementation); 5: rules (runs per tolerance rule applied: a float64 model's depends on the
+# model drawn), each property's too, and a property's rule is its worst comparison's
 # "suite error": the suite failed while judging (judge.failures.SuiteError), no verdict about the implementation
 OUTCOMES = ("passed", "failed", "suite error", "xfailed", "xpassed", "skipped", "cut short", "unfinished", "not run")
 _FINISHED = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
@@ -161,6 +163,7 @@ class ConformanceReport:
                         "stateful_step_count": current.stateful_step_count, "derandomize": current.derandomize},
             "oracle": selection.oracle_name(),
             "rule": Judge.for_adapter(adapter, selection.oracle_numbers()).rule,
+            "rules": rules_applied(entries),
             "known_failures": str(self.known_failures) if self.known_failures else None,
             "summary": {o: sum(1 for e in verdicts if e["outcome"] == o) for o in OUTCOMES},
             "suite_checks": {o: sum(1 for e in checks if e["outcome"] == o) for o in OUTCOMES},
@@ -212,6 +215,15 @@ def _write(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def rules_applied(entries: list[dict[str, Any]]) -> dict[str, int]:
+    """Runs per tolerance rule, over every property: the adapter's rule, and any other a drawn case was judged by
+    (docs/spec.md §15.6: a float64 model whose own rounding may come near the absolute bound)."""
+    total: Counter[str] = Counter()
+    for entry in entries:
+        total.update(entry.get("rules") or {})
+    return dict(total.most_common())
 
 
 def causes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -309,6 +321,8 @@ def markdown(document: dict[str, Any]) -> str:
         + (f"; whole models: kv_storage {impl['kv_storage']}, model_policy {impl['model_policy']}, model_limits "
            f"{impl['model_limits'] or 'none'}" if "model_policy" in impl else ""),
         f"- rule: {document['rule']}",
+        *[f"- also applied: {rule} ({runs} runs)" for rule, runs in (document.get("rules") or {}).items()
+          if rule != document["rule"]],
         f"- suite {suite['version']} at {suite['commit'] or 'an unknown commit'}; Python {env['python']}, "
         f"numpy {env['numpy']}, Hypothesis {env['hypothesis']}",
         f"- profile {profile['name']}: {profile['max_examples']} examples of up to "

@@ -127,7 +127,8 @@ class RunResult:
     runs: int = 0  # machines Hypothesis built: examples, plus replays and shrinking after a failure
     first_failing: int | None = None  # the run in which the first non-conformance was raised
     worst: tuple[float, float] = (0.0, 1.0)  # (error, tolerance) closest to failing, over all runs
-    rule: str = ""  # the tolerance rule the machines applied
+    rule: str = ""  # the tolerance rule of the comparison closest to failing (of the failing one, on failure)
+    rules: Counter[str] = field(default_factory=Counter)  # runs per tolerance rule applied (a model's may vary)
     failure: BaseException | None = None
     failing_step: int | None = None  # index in the trace's steps
     steps: int = 0  # rules in the shrunk failing program, set-up not counted
@@ -226,7 +227,8 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
     if last:
         _keep_worst(result, last[0])
         result.met_again.update(last[0].met_again)
-        result.rule = last[0].judge.rule  # type: ignore[attr-defined]
+        if result.failure is not None:
+            result.rule = last[0].judge.rule  # type: ignore[attr-defined]
     if result.failure is not None and last and last[0].tape.steps:
         tape = last[0].tape
         result.failing_step = len(tape.steps) - 1
@@ -241,7 +243,12 @@ def run_machine(machine: str, adapter: KvCacheAdapter, *, property_id: str, para
 
 
 def _keep_worst(result: RunResult, machine: Any) -> None:
-    result.worst = closer_to_failing(machine.judge.worst, result.worst)
+    """Fold one run into ``result``: its worst comparison, the rule that judged it, what it exercised."""
+    rule, worst = machine.judge.rule, machine.judge.worst
+    result.rules[rule] += 1
+    if closer_to_failing(worst, result.worst) is worst or not result.rule:  # ties go to the later run
+        result.rule = rule
+    result.worst = closer_to_failing(worst, result.worst)
     result.exercise.add(machine)
     family = getattr(machine, "family", None) if hasattr(machine, "config") else None
     if family is not None:
@@ -468,6 +475,8 @@ class PropertyRun:
         self.record("worst_error", result.worst[0])
         self.record("tolerance", result.worst[1])
         self.record("rule", result.rule)
+        applied = Counter(dict(self.node.user_properties).get("kv_rules", {})) + result.rules  # the causes' too
+        self.record("rules", dict(applied.most_common()))
         return result
 
     def _replay_saved(self, machine: str, former_id: str, parameters: dict[str, Any], left_out: frozenset[str]) -> None:
