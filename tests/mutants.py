@@ -751,6 +751,33 @@ BATCH_MUTANTS += (
     Mutant("merge_skips_the_binding_check", "cache.py",
            (("        self._binding.check_binding_of(other._binding)\n", ""),),
            "merges a batch bound to another layer (recreated, another RoPE, other versions)", "batches"),
+    Mutant("merge_skips_the_geometry_check", "cache.py",
+           (("            if mine != theirs:\n                raise error(layer=theirs, cache=mine)\n",
+             "            pass\n"),),
+           "a merge of a batch of another geometry is refused as a layer mismatch, its geometry never compared",
+           "batches"),
+    Mutant("merge_compares_only_the_kv_rows", "cache.py",
+           (("        for error, mine, theirs in ((CacheModelWidthMismatch, self.model_width, other.model_width),\n"
+             "                                    (CacheHeadCountMismatch, self.heads, other.heads),\n"
+             "                                    (CacheKvHeadCountMismatch",
+             "        for error, mine, theirs in ((CacheKvHeadCountMismatch"),),
+           "a merge compares the kv heads and head width only: another model width or head count passes it",
+           "batches"),
+    Mutant("ragged_reorder_wraps_a_listed_negative_index", "cache.py",
+           (("        self._gather(_batch_indices(indices, self.batch_size))\n",
+             "        if isinstance(indices, list):  # numpy's wrap, where only an array is checked\n"
+             "            indices = [i % self.batch_size if type(i) is int and i < 0 else i for i in indices]\n"
+             "        self._gather(_batch_indices(indices, self.batch_size))\n"),),
+           "a ragged reorder takes a negative index handed in a list as a row counted from the end", "batches"),
+    Mutant("extract_shares_the_row_length", "cache.py",
+           (("        single._gather(np.array([int(row)]))\n",
+             "        single._gather(np.array([int(row)]))\n"
+             "        single.lengths = self.lengths[int(row):int(row) + 1]  # a view: one counter for both\n"),
+            ("        self._set(self._keys[:, :, :0], self._values[:, :, :0], "
+             "np.zeros(self.batch_size, dtype=np.int64))",
+             "        self.lengths[:] = 0  # in place\n"
+             "        self._set(self._keys[:, :, :0], self._values[:, :, :0], self.lengths)")),
+           "an extracted row shares its length with its batch's row: a reset of either empties the other", "batches"),
     Mutant("merge_checks_the_binding_after_appending", "cache.py",
            (("        self._binding.check_binding_of(other._binding)\n        width = max(self.width, other.width)\n",
              "        width = max(self.width, other.width)\n"),

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from impl.conformance import (
@@ -36,12 +37,16 @@ CASES = ("rows at different offsets", "rows at different offsets, grouped-query 
          "truncation shorter than one row, longer than another", "a row appended past its room",
          "a full row appended past its room beside shorter rows", "merge of a batch of another layer: layer_mismatch",
          "merge of a batch of another layer: rope_mismatch", "merge of a batch of another layer: revision_mismatch",
+         "merge of a batch of another layer: geometry_mismatch",
          "reorder moving rows of different lengths", "fork of rows at different offsets",
          "a ragged cache's creation rejected: invalid_argument", "a ragged cache's creation rejected: zero_batch",
          "a ragged cache's creation rejected: zero_capacity",
          "a ragged cache's creation rejected: capacity_exceeds_positions",
          "filter keeping rows of different lengths out of their order", "rows at different offsets past a window",
          "rows at, past and before the window's edge", PADDED_IN_THE_WINDOW, UNEVEN_MET)
+
+
+SEEDS = (0, 1)
 
 
 class Counted(BatchesMachine):
@@ -60,9 +65,13 @@ class Counted(BatchesMachine):
 def test_a_default_run_meets_every_case_of_ragged_batches_on_purpose() -> None:
     Counted.met.clear()
     Counted.by_rule.clear()
-    with without_local_constants():
-        run_state_machine_as_test(Counted, settings=profiles.settings_for("dev", database=None, max_examples=100,
-                                                                         derandomize=True))
+    # Two fixed seeds of 60 examples, not one derandomised program of 100: one fixed program meets a case by its
+    # luck (after an edit of the machine, truncations between two rows' lengths 0 times where five random runs met
+    # them 10 to 41 times); two programs rarely both miss it.
+    for fixed in SEEDS:
+        with without_local_constants():
+            run_state_machine_as_test(seed(fixed)(Counted), settings=profiles.settings_for(
+                "dev", database=None, max_examples=60))
     missed = {case: Counted.met[case] for case in CASES if Counted.met[case] < 3}
     assert not missed, missed
     # each case is a column of the report's exercise table for the batches machine

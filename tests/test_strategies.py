@@ -600,6 +600,29 @@ def test_batch_indices_reach_repeats_drops_and_every_problem() -> None:
                     "floats", "bools"}
 
 
+def test_invalid_indices_of_ints_come_as_lists_and_as_arrays_where_listed_or_not() -> None:
+    """A cache may check an array and wrap a listed negative index (or the other way round): the batches machine's
+    reorders and selects hand invalid ints both ways; valid ones, floats and bools as drawn."""
+    seen: set[tuple[str, str, str]] = set()
+
+    @settings(max_examples=400, database=None)
+    @given(st.sampled_from(["reorder", "select"]).flatmap(
+        lambda name: st.tuples(st.just(name), s.listed_or_not(
+            s.batch_indices(3) if name == "reorder" else s.batch_selections(3)))))
+    def collect(drawn: tuple[str, s.Argument]) -> None:
+        name, argument = drawn
+        if argument.kind is not None:
+            problem = argument.description.rsplit("(", 1)[1].rstrip(")")
+            seen.add((name, problem, type(argument.value).__name__))
+            assert (s.indices_problem if name == "reorder" else s.selection_problem)(argument.value, 3) is not None
+            if problem in ("floats", "bools"):
+                assert isinstance(argument.value, np.ndarray), argument
+
+    collect()
+    assert {(name, "negative", kind) for name in ("reorder", "select") for kind in ("list", "ndarray")} <= seen
+    assert {("reorder", "too large", "list"), ("select", "none", "list")} <= seen
+
+
 @pytest.mark.slow
 def test_windowed_runs_cross_the_window_edge_evict_and_truncate_around_it() -> None:
     """The windowed machine's programs reach len = W - 1, W, W + 1 and beyond, truncate where rows were

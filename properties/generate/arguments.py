@@ -69,6 +69,21 @@ def batch_indices(draw: st.DrawFn, batch_size: int) -> Argument:
     return Argument(value, ErrorKind.INVALID_INDICES.value, f"indices {value.tolist()} of {value.dtype} ({problem})")
 
 
+@st.composite
+def listed_or_not(draw: st.DrawFn, arguments: st.SearchStrategy[Argument]) -> Argument:
+    """An argument of ``arguments`` as it is, or, half the time where it is invalid indices of ints in an int64
+    array, the same ints as a list: an adapter may check the one and wrap the other (numpy's negative indexing of
+    a list it converts late). Floats and bools stay arrays."""
+    argument = draw(arguments)
+    value = argument.value
+    if argument.kind is None or not isinstance(value, np.ndarray) or value.dtype != np.int64 \
+            or not draw(st.booleans(), label="as a list"):
+        return argument
+    ints = [int(i) for i in value]
+    problem = argument.description.rsplit("(", 1)[1]
+    return Argument(ints, argument.kind, f"{argument.description.split(' ', 1)[0]} {ints} as a list ({problem}")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 

@@ -16,7 +16,7 @@ drawn per example, as in the layer machine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from ..protocol.kinds import Capability, ErrorKind
 from ..traces.recording import Draws, initialize, invariant, rule
 from .base import ConformanceMachine
 from .layer_model import CacheModel, LayerOracle
-from .layer_steps import layer_needs
+from .layer_steps import layer_needs, other_geometries, rope_of_geometry
 
 # The batch a ragged chunk is drawn to meet: the plain case first (where shrinking goes), then the hard ones.
 RAGGED = ("any lengths", "one row empty beside a long one", "one token per row")
@@ -57,13 +57,23 @@ FILTERS_DRAWN = (FILTERS[0], FILTERS[4], FILTERS[1], FILTERS[2], FILTERS[3])  # 
 # less often in a derandomised run)
 EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
 PAST_ROOM = ("any row", "a full row beside shorter ones")  # an append after which some row holds more than C
-OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since")  # a merge of a cache bound elsewhere
+OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since",  # a merge of a cache bound elsewhere
+                "another geometry")  # where the adapter's layer limits admit one (other_geometries)
 BAD_SIZES = ("negative", "a bool", "a float", "a string", "None", "zero", "above the RoPE positions")
 ZERO = 3  # how many times more often than each of the other problems a zero of either side is drawn
 PAST = 2 * ZERO  # and the positions' check (under RoPE), as often as a zero of either side: the one way to meet it
 LARGEST_BATCH = 2 * g.MAX_BATCH  # merges and repeats grow the batch to at most this many rows
 UNSTORED = ("a ragged batch is judged under a storage whose scales are each row's own (scale none or per_group, "
             "docs/spec.md §13.8): a scale over the whole batch (per_tensor, per_channel) is not a scale of one row")
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A batch the machine no longer writes to, and what it showed when set aside: by a fork or an extract."""
+
+    cache: Any
+    then: Observed
+    by: str  # "fork" or "extract"
 
 
 class BatchesMachine(ConformanceMachine):
@@ -431,15 +441,19 @@ class BatchesMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.BATCH_MERGE], when=lambda self: len(self.rows) < self.largest)
     def merge_a_batch_of_another_layer(self, data: Draws) -> None:
         """A batch bound elsewhere (``OTHER_LAYERS``): created on a recreated layer of equal values
-        (LAYER_MISMATCH), on the same parameters under another RoPE (ROPE_MISMATCH), or on the layer after its
-        weights were updated in place while the running batch was not (REVISION_MISMATCH): refused where
-        binding_checks is claimed, the running batch unchanged."""
+        (LAYER_MISMATCH), on the same parameters under another RoPE (ROPE_MISMATCH), on the layer after its
+        weights were updated in place while the running batch was not (REVISION_MISMATCH), or on a layer of another
+        model width, head count or head width (GEOMETRY_MISMATCH): refused where binding_checks is claimed, the
+        running batch unchanged."""
         self._fresh_if_stale()
         if len(self.rows) >= self.largest:  # (a stale batch of no rows, replaced by one of a row, at max_batch 1)
             return
         # a RoPE layer is drawn two times in three: its own case half the time there, to be met as often
-        cases = [*OTHER_LAYERS, OTHER_LAYERS[1]] * 2 + [OTHER_LAYERS[1]] * 2 if self.config.rope is not None \
+        cases = [*OTHER_LAYERS[:3], OTHER_LAYERS[1]] * 2 + [OTHER_LAYERS[1]] * 2 if self.config.rope is not None \
             else [OTHER_LAYERS[0], OTHER_LAYERS[2]]
+        geometries = other_geometries(self.config, self.limits, self.has(Capability.GQA))
+        if geometries:
+            cases += [OTHER_LAYERS[3]] * max(1, len(cases) // 4)  # 2 of 12 under RoPE, 1 of 3 without
         case = data.draw(st.sampled_from(cases), label="other layer")
         size = data.draw(st.integers(1, self.largest - len(self.rows)), label="other batch")
         kind = ErrorKind.LAYER_MISMATCH
@@ -452,9 +466,19 @@ class BatchesMachine(ConformanceMachine):
             layer = self.must("the layer under RoPE of base doubled",
                               lambda: self.adapter.with_rope(self.layer, other_rope))
             kind = ErrorKind.ROPE_MISMATCH
-        else:
+        elif case == OTHER_LAYERS[2]:
             self._update_weights(data)  # the running batch is stale; the batch to merge is not
             layer, kind = self.layer, ErrorKind.REVISION_MISMATCH
+        else:
+            change = data.choose(sorted(geometries), label="geometry change")
+            width, heads, kv_heads, dh = geometries[change]
+            weights = data.draw(g.attention_weights(width, heads, kv_heads, dh), label="other weights")
+            handed = Inputs()
+            given = handed("weights", weights)
+            rope = rope_of_geometry(self.config.rope, self.config.weights.head_width, dh)
+            layer = self.must(f"create a layer with another {change}",
+                              lambda: self.adapter.create_layer(given, rope), handed)
+            kind = ErrorKind.GEOMETRY_MISMATCH
         other = self.must("create the ragged cache of the other layer", lambda: self._create(layer, size))
         if case == OTHER_LAYERS[0] and data.draw(st.booleans(), label="tokens in the other"):
             self._append(data, other, [CacheModel(self.weights, 1) for _ in range(size)], RAGGED[0],
@@ -494,7 +518,10 @@ class BatchesMachine(ConformanceMachine):
             self.exercised("extract of a row shorter or longer than another")
         if data.draw(st.booleans(), label="go on with the row"):
             self._rows_match(self.cache, self.rows, f"{what}: the batch")
+            self.aside = Aside(self.cache, self._observed(self.cache, f"{what}: the batch set aside"), "extract")
             self.cache, self.rows = judged.value, single
+        else:
+            self.aside = Aside(judged.value, self._observed(judged.value, f"{what}: the row set aside"), "extract")
 
     @rule(data=st.data(), requires=[Capability.BATCH_FILTER], when=lambda self: bool(self.rows))
     def filter(self, data: Draws) -> None:
@@ -520,9 +547,8 @@ class BatchesMachine(ConformanceMachine):
             elif case == FILTERS[1]:
                 kept = [data.draw(st.integers(0, size - 1), label="kept row")]
             elif case == FILTERS[4]:
-                kept = data.draw(st.permutations(range(size)), label="order")
-                if kept == sorted(kept):
-                    kept.reverse()
+                kept = data.draw(st.permutations(range(size)).map(  # never the identity: the draw shows the rows
+                    lambda order: order if order != sorted(order) else order[::-1]), label="order")  # handed
             else:
                 kept = data.draw(st.permutations(range(size)), label="order")[:data.draw(
                     st.integers(0, size), label="kept")]
@@ -545,7 +571,7 @@ class BatchesMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.BATCH_SELECT], when=lambda self: bool(self.rows))
     def select(self, data: Draws) -> None:
         """A select of ragged rows: the rows kept keep their own tokens and lengths."""
-        indices = data.draw(g.batch_selections(len(self.rows)), label="rows")
+        indices = data.draw(g.listed_or_not(g.batch_selections(len(self.rows))), label="rows")
         problem = g.selection_problem(indices.value, len(self.rows))
         self._pick(f"select the ragged rows {indices.description}", indices.value, problem,
                    lambda given: self.adapter.select(self.cache, given),
@@ -568,7 +594,8 @@ class BatchesMachine(ConformanceMachine):
         if moving:
             self._make_ragged(data)
         size = len(self.rows)
-        indices = data.draw(g.rearranging_reorders(size) if moving else g.batch_indices(size), label="indices")
+        indices = data.draw(g.listed_or_not(g.rearranging_reorders(size) if moving else g.batch_indices(size)),
+                            label="indices")
         problem = g.indices_problem(indices.value, size)
         lengths = [len(r.rows) for r in self.rows]
         self._pick(f"reorder the ragged rows {indices.description}", indices.value, problem,
@@ -586,25 +613,26 @@ class BatchesMachine(ConformanceMachine):
         rows = [row.copy() for row in self.rows]
         self._rows_match(forked, rows, f"{what}: the fork")
         if data.draw(st.booleans(), label="go on with the fork"):
-            self.aside = (self.cache, self._observed(self.cache, f"{what}: the original set aside"))
+            self.aside = Aside(self.cache, self._observed(self.cache, f"{what}: the original set aside"), "fork")
             self.cache, self.rows = forked, rows
         else:
-            self.aside = (forked, self._observed(forked, f"{what}: the fork set aside"))
+            self.aside = Aside(forked, self._observed(forked, f"{what}: the fork set aside"), "fork")
         if len({len(r.rows) for r in self.rows}) > 1:
             self.exercised("fork of rows at different offsets")
 
-    aside: tuple[Any, Observed] | None = None  # the batch a fork set aside, and what it showed then
+    aside: Aside | None = None  # the batch the last fork or extract set aside, and what it showed then
     window: int | None = None  # each row's window (drawn at set-up where sliding_window_layer is declared)
 
     @invariant()
     def the_batch_set_aside_is_unchanged(self) -> None:
-        """A fork and its original are independent: the one set aside shows, bit for bit, what it showed then."""
+        """A fork and its original, an extracted row and its batch, are independent: the one set aside shows, bit
+        for bit, what it showed then."""
         if self.aside is None:
             return
-        cache, then = self.aside
-        what = "the batch set aside at the last fork"
-        unchanged(then, self._observed(cache, what), what, kind="fork not independent",
-                  because="a write to a fork or its original must not show in the other")
+        by = self.aside.by
+        what = f"the batch set aside at the last {by}"
+        unchanged(self.aside.then, self._observed(self.aside.cache, what), what, kind=f"{by} not independent",
+                  because=f"a write to either side of the {by} must not show in the other")
 
     def _pick(self, what: str, argument: object, problem: ErrorKind | None, action: Any, picked: Any) -> None:
         handed = Inputs()

@@ -513,9 +513,7 @@ class LayerSteps(ConformanceMachine):
         change = data.choose(sorted(self.geometry_changes), label="geometry change")
         width, heads, kv_heads, dh = self.geometry_changes[change]
         weights = data.draw(g.attention_weights(width, heads, kv_heads, dh), label="other weights")
-        rope = self.config.rope
-        if rope is not None and rope.rotary_width == self.config.weights.head_width:
-            rope = replace(rope, rotary_width=dh)  # still every feature: partial rotary only where declared
+        rope = rope_of_geometry(self.config.rope, self.config.weights.head_width, dh)
         other_layer = self._create_layer(weights, rope, f"create a layer with another {change}")
         other_cache = self.must("create a cache for the other layer", lambda: self.adapter.create_cache(
             other_layer, self.model.batch_size, self.config.capacity))
@@ -525,34 +523,8 @@ class LayerSteps(ConformanceMachine):
 
     @functools.cached_property
     def geometry_changes(self) -> dict[str, tuple[int, int, int, int]]:
-        """Other (model width, heads, kv heads, head width) the implementation can build, by name: the nearest
-        geometry within its layer limits that differs in that one respect (computed once, for the layer drawn
-        at set-up). A RoPE layer's rotary width must still fit the head."""
-        w, limits = self.config.weights, self.limits
-        tied = limits.model_width_is_heads_times_head_width
-        rotary = 0 if self.config.rope is None else self.config.rope.rotary_width
-
-        def admitted(width: int, heads: int, dh: int) -> bool:
-            return limits.geometry_problem(width, heads, dh) is None and rotary <= dh
-
-        changes: dict[str, tuple[int, int, int, int]] = {}
-        widths = [d for d in range(w.model_width + 1, w.model_width + 9) if not tied and admitted(d, w.heads,
-                                                                                                   w.head_width)]
-        if widths:
-            changes["model width"] = (widths[0], w.heads, w.kv_heads, w.head_width)
-        full_rotary = self.config.rope is not None and rotary == w.head_width  # the other layer's: all of dh
-        for dh in range(w.head_width + 2, 2 * w.head_width + 9, 2):
-            width = w.heads * dh if tied else w.model_width
-            if full_rotary and limits.max_rotary_width is not None and dh > limits.max_rotary_width:
-                break  # its rotary width would be above the limit
-            if admitted(width, w.heads, dh):
-                changes["head width"] = (width, w.heads, w.kv_heads, dh)
-                break
-        heads = 2 * w.heads
-        width = heads * w.head_width if tied else w.model_width
-        if admitted(width, heads, w.head_width):
-            changes["heads"] = (width, heads, w.kv_heads * (1 if self.has(Capability.GQA) else 2), w.head_width)
-        return changes
+        """``other_geometries`` of the layer drawn at set-up (computed once)."""
+        return other_geometries(self.config, self.limits, self.has(Capability.GQA))
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -672,3 +644,42 @@ class LayerSteps(ConformanceMachine):
                                                             None if steps is None else steps[:, :, positions])
             self.judge.close(actual, expected, tolerance, what=f"cached {name} at positions {positions}",
                              check=f"cached {name}")
+
+
+def other_geometries(config: Any, limits: Any, gqa: bool) -> dict[str, tuple[int, int, int, int]]:
+    """Other (model width, heads, kv heads, head width) the implementation can build, by name: the nearest
+    geometry within its layer limits that differs from ``config``'s layer in that one respect. A RoPE layer's
+    rotary width must still fit the head. For a step into, or a merge of, a cache of another geometry."""
+    w = config.weights
+    tied = limits.model_width_is_heads_times_head_width
+    rotary = 0 if config.rope is None else config.rope.rotary_width
+
+    def admitted(width: int, heads: int, dh: int) -> bool:
+        return limits.geometry_problem(width, heads, dh) is None and rotary <= dh
+
+    changes: dict[str, tuple[int, int, int, int]] = {}
+    widths = [d for d in range(w.model_width + 1, w.model_width + 9) if not tied and admitted(d, w.heads,
+                                                                                               w.head_width)]
+    if widths:
+        changes["model width"] = (widths[0], w.heads, w.kv_heads, w.head_width)
+    full_rotary = config.rope is not None and rotary == w.head_width  # the other layer's: all of dh
+    for dh in range(w.head_width + 2, 2 * w.head_width + 9, 2):
+        width = w.heads * dh if tied else w.model_width
+        if full_rotary and limits.max_rotary_width is not None and dh > limits.max_rotary_width:
+            break  # its rotary width would be above the limit
+        if admitted(width, w.heads, dh):
+            changes["head width"] = (width, w.heads, w.kv_heads, dh)
+            break
+    heads = 2 * w.heads
+    width = heads * w.head_width if tied else w.model_width
+    if admitted(width, heads, w.head_width):
+        changes["heads"] = (width, heads, w.kv_heads * (1 if gqa else 2), w.head_width)
+    return changes
+
+
+def rope_of_geometry(rope: RopeConfig | None, head_width: int, dh: int) -> RopeConfig | None:
+    """The RoPE of a layer of head width ``dh`` beside one of ``head_width``: a rotation of every feature still
+    rotates every feature (partial rotary only where declared)."""
+    if rope is not None and rope.rotary_width == head_width:
+        return replace(rope, rotary_width=dh)
+    return rope
