@@ -377,6 +377,8 @@ class BatchesMachine(ConformanceMachine):
         self.cache, self.rows = self._new_batch(min(self.largest, max(2, len(self.rows))))
         self.stale = False
         self._append(data, self.cache, self.rows, RAGGED[1])
+        # judged here, so that a wrong chunk is blamed on the chunk, not on the extract, filter or reorder after it
+        self._rows_match(self.cache, self.rows, "the ragged chunk appended first, to make rows of different lengths")
 
     # -- merge, extract, filter -----------------------------------------------------------------------
 
