@@ -56,6 +56,7 @@ FILTERS = ("any rows", "one row", "no rows", "invalid rows", "rows out of order"
 FILTERS_DRAWN = (FILTERS[0], FILTERS[4], FILTERS[1], FILTERS[2], FILTERS[3])  # the order drawn (a later one is met
 # less often in a derandomised run)
 EXTRACTS = ("a valid row", "a row of a ragged batch", "an invalid row")
+REORDERS = ("any indices", "a reorder moving ragged rows", "a negative index")
 PAST_ROOM = ("any row", "a full row beside shorter ones")  # an append after which some row holds more than C
 OTHER_LAYERS = ("a recreated layer", "another RoPE", "weights updated since",  # a merge of a cache bound elsewhere
                 "another geometry")  # where the adapter's layer limits admit one (other_geometries)
@@ -590,14 +591,16 @@ class BatchesMachine(ConformanceMachine):
     @rule(data=st.data(), requires=[Capability.BATCH_REORDER], when=lambda self: bool(self.rows))
     def reorder(self, data: Draws) -> None:
         """A reorder of ragged rows (§13.3: repeats and drops allowed): each row moves with its own tokens and
-        length. On purpose, one that moves a row of a batch whose rows differ in length (made so first)."""
-        moving = data.optional(g.on_purpose("any indices", "a reorder moving ragged rows"), "reorders",
-                               "any indices") != "any indices" and self.largest >= 2
+        length. On purpose (``REORDERS``), one that moves a row of a batch whose rows differ in length (made so
+        first), and one with a negative index (a list or an array), which a gather wrapping it takes as a row."""
+        case = data.optional(g.on_purpose(*REORDERS), "reorders", REORDERS[0])
+        moving = case == REORDERS[1] and self.largest >= 2
         if moving:
             self._make_ragged(data)
         size = len(self.rows)
-        indices = data.draw(g.listed_or_not(g.rearranging_reorders(size) if moving else g.batch_indices(size)),
-                            label="indices")
+        drawn = g.rearranging_reorders(size) if moving else g.negative_indices(size) if case == REORDERS[2] \
+            else g.batch_indices(size)
+        indices = data.draw(g.listed_or_not(drawn), label="indices")
         problem = g.indices_problem(indices.value, size)
         lengths = [len(r.rows) for r in self.rows]
         self._pick(f"reorder the ragged rows {indices.description}", indices.value, problem,
