@@ -612,8 +612,10 @@ def test_invalid_indices_of_ints_come_as_lists_and_as_arrays_where_listed_or_not
     def collect(drawn: tuple[str, s.Argument]) -> None:
         name, argument = drawn
         if argument.kind is not None:
-            problem = argument.description.rsplit("(", 1)[1].rstrip(")")
+            problem = next(p for p in ("negative", "too large", "too many", "too few", "none", "floats", "bools")
+                           if f"({p})" in argument.description)
             seen.add((name, problem, type(argument.value).__name__))
+            assert isinstance(argument.value, list) == (" as a list (the ints of " in argument.description), argument
             assert (s.indices_problem if name == "reorder" else s.selection_problem)(argument.value, 3) is not None
             if problem in ("floats", "bools"):
                 assert isinstance(argument.value, np.ndarray), argument

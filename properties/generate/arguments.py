@@ -80,8 +80,7 @@ def listed_or_not(draw: st.DrawFn, arguments: st.SearchStrategy[Argument]) -> Ar
             or not draw(st.booleans(), label="as a list"):
         return argument
     ints = [int(i) for i in value]
-    problem = argument.description.rsplit("(", 1)[1]
-    return Argument(ints, argument.kind, f"{argument.description.split(' ', 1)[0]} {ints} as a list ({problem}")
+    return Argument(ints, argument.problem, f"{ints} as a list (the ints of {argument.description})")
 
 
 def _is_int(value: object) -> bool:
