@@ -107,11 +107,14 @@ class BatchesMachine(ConformanceMachine):
                                     None) if self.has(Capability.SLIDING_WINDOW_LAYER) else None
         self.oracle = LayerOracle(self.config, self.window, self.judge, self.has(Capability.KEYS_UNROTATED))
         self.weights = self.config.weights
-        handed = Inputs()
-        given = handed("weights", self.weights)
-        self.layer = self.must("create the layer", lambda: self.adapter.create_layer(given, self.config.rope), handed)
+        self.layer = self._create_layer(self.weights, self.config.rope, "create the layer")
         self.cache, self.rows = self._new_batch(self.config.batch_size)
         self.stale = False
+
+    def _create_layer(self, weights: Any, rope: Any, what: str) -> Any:
+        handed = Inputs()
+        given = handed("weights", weights)
+        return self.must(what, lambda: self.adapter.create_layer(given, rope), handed)
 
     def _new_batch(self, batch_size: int, what: str = "create a ragged cache") -> tuple[Any, list[CacheModel]]:
         cache = self.must(what, lambda: self._create(self.layer, batch_size))
@@ -476,11 +479,8 @@ class BatchesMachine(ConformanceMachine):
             change = data.choose(sorted(geometries), label="geometry change")
             width, heads, kv_heads, dh = geometries[change]
             weights = data.draw(g.attention_weights(width, heads, kv_heads, dh), label="other weights")
-            handed = Inputs()
-            given = handed("weights", weights)
-            rope = rope_of_geometry(self.config.rope, self.config.weights.head_width, dh)
-            layer = self.must(f"create a layer with another {change}",
-                              lambda: self.adapter.create_layer(given, rope), handed)
+            layer = self._create_layer(weights, rope_of_geometry(self.config.rope, self.config.weights.head_width, dh),
+                                       f"create a layer with another {change}")
             kind = ErrorKind.GEOMETRY_MISMATCH
         other = self.must("create the ragged cache of the other layer", lambda: self._create(layer, size))
         if case == OTHER_LAYERS[0] and data.draw(st.booleans(), label="tokens in the other"):

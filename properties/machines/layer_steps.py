@@ -176,8 +176,7 @@ class LayerSteps(ConformanceMachine):
         such a cache is outside the limits."""
         rope = config.rope
         heads, kv_heads, head_width, widths = data.draw(st.sampled_from(shapes), label=label)
-        if rope is not None and rope.rotary_width == config.weights.head_width:
-            rope = replace(rope, rotary_width=head_width)  # still every feature: partial rotary only where declared
+        rope = rope_of_geometry(rope, config.weights.head_width, head_width)
         batch_size = kv_heads if batch_of_kv_heads else config.batch_size
         if self.limits.cache_problem(batch_size, config.capacity, None if rope is None else rope.rotary_width):
             return config
@@ -646,7 +645,7 @@ class LayerSteps(ConformanceMachine):
                              check=f"cached {name}")
 
 
-def other_geometries(config: Any, limits: Any, gqa: bool) -> dict[str, tuple[int, int, int, int]]:
+def other_geometries(config: g.LayerConfig, limits: Any, gqa: bool) -> dict[str, tuple[int, int, int, int]]:
     """Other (model width, heads, kv heads, head width) the implementation can build, by name: the nearest
     geometry within its layer limits that differs from ``config``'s layer in that one respect. A RoPE layer's
     rotary width must still fit the head. For a step into, or a merge of, a cache of another geometry."""
